@@ -1,0 +1,1 @@
+"""Storage backends built on fsspec."""

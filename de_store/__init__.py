@@ -1,0 +1,1 @@
+"""Dynamic embedding tables for TensorFlow with fast, safe checkpoints."""

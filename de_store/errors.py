@@ -1,0 +1,56 @@
+"""All errors raised by de_store.
+
+Every error derives from :class:`DeStoreError`. Messages name the variable, file or rank
+they are about, what was expected and what was found. Backend errors are translated at the
+boundary with ``raise ... from err`` so the original cause stays attached.
+"""
+
+from __future__ import annotations
+
+
+class DeStoreError(Exception):
+    """Base class of every error raised by de_store."""
+
+
+class TableError(DeStoreError):
+    """A table core operation failed (capacity, device, internal state)."""
+
+
+class BackendError(DeStoreError):
+    """A storage backend operation failed."""
+
+
+class UnknownProtocolError(BackendError, ValueError):
+    """A URL names a protocol that no installed fsspec implementation serves."""
+
+
+class MissingDependencyError(BackendError, ImportError):
+    """A protocol is known but the package that implements it is not installed."""
+
+
+class StorageNotFoundError(BackendError, FileNotFoundError):
+    """A file or object does not exist."""
+
+
+class AlreadyExistsError(BackendError, FileExistsError):
+    """A write-once object (commit marker, manifest) already exists."""
+
+
+class FormatError(DeStoreError, ValueError):
+    """A shard file is foreign, truncated, or does not match its expected schema."""
+
+
+class ChecksumError(FormatError):
+    """A file's crc32c does not match the one recorded when it was written."""
+
+
+class CheckpointError(DeStoreError):
+    """A checkpoint is missing, uncommitted, incomplete or inconsistent."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No committed checkpoint exists at the given path."""
+
+
+class BarrierTimeoutError(CheckpointError, TimeoutError):
+    """Some ranks did not reach a barrier in time; the message names them."""

@@ -1,0 +1,77 @@
+"""The table core contract.
+
+A :class:`TableCore` maps keys to fixed-width value rows. It is the unit a
+``de_store.Variable`` shards over devices: one core per device. All methods take and
+return TensorFlow tensors and work eagerly and inside ``tf.function``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator
+
+import tensorflow as tf
+
+
+class TableCore(tf.Module, abc.ABC):
+    """Key -> value-row storage with upsert, accumulate, remove and batched export.
+
+    Parameters (held as attributes by every implementation)
+    ----------
+    key_dtype: the dtype of keys (``tf.int64``, ``tf.int32`` or ``tf.string``).
+    value_dtype: the dtype of values.
+    dim: the width of each value row, ``>= 1``.
+    name: used in every error message about this table.
+    """
+
+    key_dtype: tf.DType
+    value_dtype: tf.DType
+    dim: int
+
+    @abc.abstractmethod
+    def lookup(
+        self, keys: tf.Tensor, default_value: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Return ``(values [n, dim], exists [n] bool)`` for ``keys [n]``.
+
+        Missing keys get ``default_value`` (broadcast from a scalar, a ``[dim]`` row or a
+        ``[n, dim]`` block; zeros when ``None``).
+        """
+
+    @abc.abstractmethod
+    def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
+        """Upsert ``values [n, dim]`` for ``keys [n]``; a duplicate key keeps the last value."""
+
+    @abc.abstractmethod
+    def accum(
+        self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True
+    ) -> None:
+        """Add ``deltas [n, dim]`` to the rows of ``keys``; duplicate keys sum.
+
+        A missing key is inserted with its (summed) delta when ``insert_missing``, else ignored.
+        """
+
+    @abc.abstractmethod
+    def remove(self, keys: tf.Tensor) -> None:
+        """Remove ``keys``; missing keys are ignored."""
+
+    @abc.abstractmethod
+    def size(self) -> tf.Tensor:
+        """Number of keys held, an int64 scalar tensor."""
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Remove every key."""
+
+    @abc.abstractmethod
+    def export(self, batch_size: int) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
+        """Yield ``(keys, values)`` batches of at most ``batch_size`` rows.
+
+        The batches are a consistent snapshot taken when the iteration starts: changes made
+        to the table while iterating do not show in them.
+        """
+
+    def import_batches(self, batches: Iterable[tuple[tf.Tensor, tf.Tensor]]) -> None:
+        """Upsert every ``(keys, values)`` batch, in order."""
+        for keys, values in batches:
+            self.insert(keys, values)

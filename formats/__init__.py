@@ -1,0 +1,1 @@
+"""Shard formats: Parquet, Arrow IPC, raw binary (TFRA layout)."""
