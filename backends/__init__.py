@@ -1,1 +1,17 @@
-"""Storage backends built on fsspec."""
+"""Storage backends built on fsspec.
+
+Open one with :func:`open_backend`; the contract is :class:`Backend` in ``base``.
+"""
+
+from .base import Backend, Capabilities, IOStats
+from .registry import BackendSpec, backend_class, open_backend, register_backend
+
+__all__ = [
+    "Backend",
+    "BackendSpec",
+    "Capabilities",
+    "IOStats",
+    "backend_class",
+    "open_backend",
+    "register_backend",
+]

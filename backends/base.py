@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -40,6 +41,42 @@ class Capabilities:
     supports_fsync: bool = False
 
 
+@dataclasses.dataclass
+class IOStats:
+    """Bytes moved through one backend, counted at its boundary (thread-safe).
+
+    Attributes
+    ----------
+    bytes_read:
+        Bytes returned by ``open_read`` files, ``read_range`` and ``read_bytes``.
+    bytes_written:
+        Bytes handed to ``open_write`` files and ``write_once``. Server-side copies made
+        by ``publish`` on object stores move no bytes through the client and are not counted.
+    """
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+    _lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, repr=False, compare=False
+    )
+
+    def add_read(self, n: int) -> None:
+        """Count ``n`` bytes read."""
+        with self._lock:
+            self.bytes_read += n
+
+    def add_written(self, n: int) -> None:
+        """Count ``n`` bytes written."""
+        with self._lock:
+            self.bytes_written += n
+
+    def reset(self) -> None:
+        """Set both counters back to zero."""
+        with self._lock:
+            self.bytes_read = 0
+            self.bytes_written = 0
+
+
 class Backend(abc.ABC):
     """A storage location addressed by relative paths.
 
@@ -51,6 +88,8 @@ class Backend(abc.ABC):
     #: The URL this backend was opened on.
     url: str
     capabilities: Capabilities
+    #: Bytes read and written through this backend.
+    stats: IOStats
 
     # --- primitives -----------------------------------------------------------------
     @abc.abstractmethod
@@ -112,6 +151,13 @@ class Backend(abc.ABC):
         with self.open_read(path) as f:
             while chunk := f.read(chunk_size):
                 yield chunk
+
+    def local_path(self, path: str) -> str | None:
+        """A local filesystem path for ``path`` (to memory-map it), or None if not local.
+
+        Reads through a memory map bypass :attr:`stats`.
+        """
+        return None
 
     def join(self, *parts: str) -> str:
         """Join relative path parts with "/"."""
