@@ -57,6 +57,9 @@ class FsspecBackend(Backend):
     capabilities = Capabilities(supports_atomic_rename=False)
     #: Native exception types translated into de_store errors at the boundary.
     native_errors: tuple[type[BaseException], ...] = (OSError,)
+    #: Create parent directories before a write (false on object stores, where
+    #: ``makedirs`` of a bucket path would create the bucket).
+    makes_parent_dirs: bool = True
 
     def __init__(self, fs: AbstractFileSystem, root: str = "", *, url: str | None = None) -> None:
         self.fs = fs
@@ -126,7 +129,8 @@ class FsspecBackend(Backend):
     def open_write(self, path: str) -> Iterator[BinaryIO]:
         full = self._full(path)
         with self._translating("write", path):
-            self.fs.makedirs(self.fs._parent(full), exist_ok=True)
+            if self.makes_parent_dirs:
+                self.fs.makedirs(self.fs._parent(full), exist_ok=True)
             raw = self.fs.open(full, "wb")
         try:
             yield self._counting(raw, path)
@@ -158,6 +162,9 @@ class FsspecBackend(Backend):
     def read_range(self, path: str, start: int, end: int) -> bytes:
         if start < 0 or end < start:
             raise ValueError(f"byte range of {self._where(path)} must be 0 <= start <= end")
+        if start == end:  # some stores answer an empty HTTP range with the whole object
+            self.size(path)  # still raise when the file is missing
+            return b""
         with self._translating("read", path):
             data: bytes = self.fs.cat_file(self._full(path), start=start, end=end)
         self.stats.add_read(len(data))

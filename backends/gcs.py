@@ -24,4 +24,5 @@ class GCSBackend(FsspecBackend):
 
     protocol = "gs"
     capabilities = Capabilities(supports_atomic_rename=False)
+    makes_parent_dirs = False
     native_errors = (OSError, GoogleAuthError)

@@ -19,4 +19,5 @@ class S3Backend(FsspecBackend):
 
     protocol = "s3"
     capabilities = Capabilities(supports_atomic_rename=False)
+    makes_parent_dirs = False
     native_errors = (OSError, BotoCoreError)

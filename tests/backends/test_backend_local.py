@@ -1,0 +1,66 @@
+"""The conformance suite on a local directory, plus local-only guarantees."""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any, ClassVar
+
+import pytest
+from conformance import BackendConformance
+
+from de_store.backends import Backend
+from de_store.backends.local import LocalBackend
+from de_store.errors import BackendError
+from de_store.testing import StorageLocation
+
+
+class TestLocalBackend(BackendConformance):
+    atomic_rename = True
+    passthrough_options: ClassVar[dict[str, Any]] = {"auto_mkdir": True}
+
+    @pytest.fixture
+    def location(self, local_location: StorageLocation) -> StorageLocation:
+        return local_location
+
+
+def test_plain_path_and_file_url_open_the_same_directory(tmp_path: os.PathLike[str]) -> None:
+    plain = StorageLocation("local", str(tmp_path)).open()
+    url = StorageLocation("local", f"file://{tmp_path}").open()
+    assert isinstance(plain, LocalBackend) and isinstance(url, LocalBackend)
+    plain.write_bytes("f.bin", b"x")
+    assert url.read_bytes("f.bin") == b"x"
+    assert plain.local_path("f.bin") == os.path.join(str(tmp_path), "f.bin")
+
+
+def test_written_file_gets_normal_permissions(local_location: StorageLocation) -> None:
+    backend = local_location.open()
+    backend.write_bytes("f.bin", b"x")
+    mode = stat.S_IMODE(os.stat(backend.local_path("f.bin") or "").st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask
+
+
+def test_failed_write_leaves_no_temporary_file(local_location: StorageLocation) -> None:
+    backend = local_location.open()
+    backend.write_bytes("d/keep.bin", b"x")
+    with pytest.raises(RuntimeError), backend.open_write("d/f.bin") as f:
+        f.write(b"partial")
+        raise RuntimeError
+    assert os.listdir(os.path.dirname(backend.local_path("d/keep.bin") or "")) == ["keep.bin"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_permission_denied_is_a_backend_error_naming_the_path(
+    local_location: StorageLocation,
+) -> None:
+    backend: Backend = local_location.open()
+    backend.write_bytes("locked/f.bin", b"x")
+    locked = os.path.dirname(backend.local_path("locked/f.bin") or "")
+    os.chmod(locked, 0o500)
+    try:
+        with pytest.raises(BackendError, match=r"locked/g\.bin.*permission denied"):
+            backend.write_bytes("locked/g.bin", b"y")
+    finally:
+        os.chmod(locked, 0o700)

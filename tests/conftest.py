@@ -1,0 +1,88 @@
+"""Shared fixtures: real storage locations for every backend de_store supports.
+
+Session fixtures start one moto S3 server and one gcp-storage-emulator on 127.0.0.1 (free
+ports) the first time a test asks for them; function fixtures wipe them and hand out a fresh
+bucket, so tests never see each other's objects.
+
+Using them from another test module
+-----------------------------------
+Ask for ``storage_location`` to run a test once per backend (local, memory, s3, gcs)::
+
+    def test_roundtrip(storage_location):
+        backend = storage_location.open()          # a de_store Backend
+        # or: open_backend(storage_location.url, storage_location.storage_options)
+
+``storage_location`` is a :class:`de_store.testing.StorageLocation` (``name``, ``url``,
+``storage_options``). For one backend only, ask for ``local_location``,
+``memory_location``, ``s3_location`` or ``gcs_location``; ``moto_endpoint`` and
+``gcs_endpoint`` give the raw server URLs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from de_store.testing import servers
+from de_store.testing.servers import StorageLocation
+
+BUCKET = "de-store-test"
+BACKEND_NAMES = ["local", "memory", "s3", "gcs"]
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """URL of a moto S3 server running for the whole test session."""
+    endpoint, stop = servers.start_moto_server()
+    yield endpoint
+    stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint() -> Iterator[str]:
+    """URL of a gcp-storage-emulator running for the whole test session."""
+    endpoint, stop = servers.start_gcs_emulator()
+    yield endpoint
+    stop()
+
+
+@pytest.fixture
+def local_location(tmp_path: Path) -> StorageLocation:
+    """An empty local directory."""
+    return StorageLocation("local", str(tmp_path / "store"))
+
+
+@pytest.fixture
+def memory_location() -> Iterator[StorageLocation]:
+    """An empty prefix of fsspec's memory filesystem, deleted afterwards."""
+    location = StorageLocation("memory", f"memory://de-store-test-{uuid.uuid4().hex}")
+    yield location
+    location.open().delete("", recursive=True)
+
+
+@pytest.fixture
+def s3_location(moto_endpoint: str) -> StorageLocation:
+    """A prefix in a fresh bucket of the (wiped) moto server."""
+    servers.reset_moto_server(moto_endpoint)
+    options = servers.s3_storage_options(moto_endpoint)
+    servers.create_bucket("s3", BUCKET, options)
+    return StorageLocation("s3", f"s3://{BUCKET}/root", options)
+
+
+@pytest.fixture
+def gcs_location(gcs_endpoint: str) -> StorageLocation:
+    """A prefix in a fresh bucket of the (wiped) GCS emulator."""
+    servers.reset_gcs_emulator(gcs_endpoint)
+    options = servers.gcs_storage_options(gcs_endpoint)
+    servers.create_bucket("gs", BUCKET, options)
+    return StorageLocation("gcs", f"gs://{BUCKET}/root", options)
+
+
+@pytest.fixture(params=BACKEND_NAMES)
+def storage_location(request: pytest.FixtureRequest) -> StorageLocation:
+    """One empty location per backend: local dir, memory://, S3 (moto), GCS (emulator)."""
+    location: StorageLocation = request.getfixturevalue(f"{request.param}_location")
+    return location
