@@ -54,3 +54,7 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class BarrierTimeoutError(CheckpointError, TimeoutError):
     """Some ranks did not reach a barrier in time; the message names them."""
+
+
+class VariableError(DeStoreError, ValueError):
+    """A ``de_store.Variable`` was created or called with a bad device, dim, dtype or shape."""

@@ -1,0 +1,477 @@
+"""The dynamic embedding ``Variable``: one table core per device, keys spread by a partitioner.
+
+``get_variable`` gets or creates a :class:`Variable` by (name-scoped) name, with the
+semantics of TFRA's ``dynamic_embedding.get_variable``. A Variable owns its shards (table
+cores) and its *companions*: optimizer slots and restrict-policy status, kept as dynamic
+tables with the same keys, devices and partitioner, so every key's state sits on one shard.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from de_store.errors import VariableError
+from de_store.partition import Partitioner, default_partition_fn, split_by_shard, stitch_shards
+from de_store.tables.base import TableCore
+
+_INT_KEYS = (tf.int32, tf.int64)
+_REGISTRY: weakref.WeakValueDictionary[str, Variable] = weakref.WeakValueDictionary()
+
+
+class HashTableCreator:
+    """Creates the table core of each shard and carries the checkpoint saver.
+
+    Integer keys get ``de_store.tables.HashTable`` (GPU-capable) when it is available,
+    string keys (and int keys without it) get ``de_store.tables.MutableTable``.
+
+    Parameters
+    ----------
+    saver:
+        The saver that checkpoints variables created with this creator, or ``None`` to
+        rely on ``tf.train.Checkpoint`` alone. Only stored here.
+    """
+
+    def __init__(self, saver: Any = None) -> None:
+        self.saver = saver
+
+    def create(
+        self, key_dtype: tf.DType, value_dtype: tf.DType, dim: int, *, name: str, init_size: int
+    ) -> TableCore:
+        """Return a new, empty table core for one shard."""
+        import de_store.tables as tables
+
+        core_cls = getattr(tables, "HashTable", None) if key_dtype in _INT_KEYS else None
+        if core_cls is None:
+            core_cls = tables.MutableTable
+        return core_cls(key_dtype, value_dtype, dim, name=name, init_size=init_size)
+
+
+class Variable(tf.Module):
+    """A sharded, growable key -> embedding-row table (see :func:`get_variable`).
+
+    Every method works eagerly and inside ``tf.function``. ``remove`` and ``clear`` act
+    on the companions (optimizer slots, restrict status) too, so a key's state goes with it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        key_dtype: tf.DType = tf.int64,
+        value_dtype: tf.DType = tf.float32,
+        dim: int = 1,
+        devices: str | Sequence[str] | None = None,
+        partitioner: Partitioner = default_partition_fn,
+        shared_name: str = "get_variable",
+        initializer: Any = None,
+        trainable: bool = True,
+        checkpoint: bool = True,
+        init_size: int = 0,
+        kv_creator: HashTableCreator | None = None,
+        restrict_policy: Callable[[Variable], Any] | None = None,
+        bp_v2: bool = False,
+    ) -> None:
+        super().__init__(name=_module_name(name))
+        self._full_name = name
+        self.key_dtype, self.value_dtype = _check_dtypes(name, key_dtype, value_dtype)
+        self.dim = _check_dim(name, dim)
+        self.devices = _resolve_devices(name, devices)
+        self.partitioner, self.shared_name = partitioner, shared_name
+        self.trainable, self.checkpoint, self.bp_v2 = trainable, checkpoint, bp_v2
+        self.init_size = int(init_size)
+        self.kv_creator = kv_creator or HashTableCreator()
+        self._initializer = _Initializer(name, initializer, self.value_dtype, self.dim)
+        self._shards = self._create_shards()
+        self._companions: dict[str, Variable] = {}
+        object.__setattr__(self, "_wrappers", {})  # per-batch rows: never checkpointed
+        self.restrict_policy = restrict_policy(self) if restrict_policy is not None else None
+
+    @property
+    def name(self) -> str:
+        """The full (name-scoped) name given to :func:`get_variable`."""
+        return self._full_name
+
+    @property
+    def shards(self) -> list[TableCore]:
+        """The table cores, one per entry of ``devices``."""
+        return list(self._shards)
+
+    @property
+    def trainable_variables(self) -> tuple[tf.Variable, ...]:
+        """The dense per-batch rows of every ``embedding_lookup`` on this variable."""
+        if not self.trainable:
+            return ()
+        return tuple(wrapper.rows for wrapper in self._wrappers.values())
+
+    def _create_shards(self) -> list[TableCore]:
+        shards = []
+        count = len(self.devices)
+        for index, device in enumerate(self.devices):
+            with tf.init_scope(), tf.device(device):
+                shards.append(
+                    self.kv_creator.create(
+                        self.key_dtype,
+                        self.value_dtype,
+                        self.dim,
+                        name=f"{self.name}/shard_{index}_of_{count}",
+                        init_size=self.init_size // count,
+                    )
+                )
+        return shards
+
+    # ---- key handling -------------------------------------------------------------------
+    def _flat_keys(self, keys: Any) -> tf.Tensor:
+        return tf.reshape(self._keys(keys), [-1])
+
+    def _keys(self, keys: Any) -> tf.Tensor:
+        if isinstance(keys, (tf.Tensor, tf.Variable)) and keys.dtype != self.key_dtype:
+            raise VariableError(
+                f"variable '{self.name}': expected keys of dtype {self.key_dtype.name}, "
+                f"got {keys.dtype.name}"
+            )
+        try:
+            keys = tf.convert_to_tensor(keys, dtype=self.key_dtype)
+        except (TypeError, ValueError) as err:
+            raise VariableError(
+                f"variable '{self.name}': expected keys of dtype {self.key_dtype.name}, "
+                f"got {np.asarray(keys).dtype}"
+            ) from err
+        return keys
+
+    def _rows(self, values: Any, what: str = "values") -> tf.Tensor:
+        values = tf.convert_to_tensor(values)
+        if values.dtype != self.value_dtype:
+            if values.dtype.is_floating or values.dtype.is_integer:
+                values = tf.cast(values, self.value_dtype)
+            else:
+                raise VariableError(
+                    f"variable '{self.name}': expected {what} of dtype "
+                    f"{self.value_dtype.name}, got {values.dtype.name}"
+                )
+        last = values.shape[-1] if values.shape.rank else None
+        if last is not None and last != self.dim:
+            raise VariableError(
+                f"variable '{self.name}': expected {what} of shape [n, {self.dim}], "
+                f"got {values.shape.as_list()}"
+            )
+        return tf.reshape(values, [-1, self.dim])
+
+    def partition(self, keys: Any) -> list[tuple[tf.Tensor, tf.Tensor]]:
+        """Split ``keys`` by shard: one ``(shard_keys, positions_in_keys)`` per shard."""
+        flat = self._flat_keys(keys)
+        if len(self._shards) == 1:
+            return [(flat, tf.range(tf.size(flat, out_type=tf.int32)))]
+        shard_ids = self.partitioner(flat, len(self._shards))
+        return split_by_shard(flat, shard_ids, len(self._shards))
+
+    def _stitch(self, positions: list[tf.Tensor], parts: list[tf.Tensor]) -> tf.Tensor:
+        return parts[0] if len(parts) == 1 else stitch_shards(positions, parts)
+
+    # ---- table operations ---------------------------------------------------------------
+    def lookup(self, keys: Any, return_exists: bool = False) -> Any:
+        """Return the rows of ``keys`` (shape ``keys.shape + [dim]``).
+
+        Missing keys get the initializer's rows; with ``return_exists`` the result is
+        ``(values, exists)`` where ``exists`` has the shape of ``keys``.
+        """
+        keys = self._keys(keys)
+        flat = tf.reshape(keys, [-1])
+        values, exists = self._lookup_flat(flat)
+        out_shape = tf.concat([tf.shape(keys), [self.dim]], axis=0)
+        values = tf.reshape(values, out_shape)
+        if return_exists:
+            return values, tf.reshape(exists, tf.shape(keys))
+        return values
+
+    def _lookup_flat(self, flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        default = self._initializer.constant_default()
+        positions, values, exists = [], [], []
+        for shard, device, (shard_keys, shard_pos) in zip(
+            self._shards, self.devices, self.partition(flat), strict=True
+        ):
+            with tf.device(device):
+                shard_values, shard_exists = shard.lookup(shard_keys, default)
+            positions.append(shard_pos)
+            values.append(shard_values)
+            exists.append(shard_exists)
+        merged = self._stitch(positions, values)
+        found = self._stitch(positions, exists)
+        if default is None:
+            fresh = self._initializer.rows(tf.size(flat))
+            merged = tf.where(found[:, None], merged, fresh)
+        return merged, found
+
+    def upsert(self, keys: Any, values: Any) -> None:
+        """Insert or overwrite the rows of ``keys``."""
+        values = self._rows(values)
+        for shard, device, (shard_keys, shard_pos) in zip(
+            self._shards, self.devices, self.partition(keys), strict=True
+        ):
+            with tf.device(device):
+                shard.insert(shard_keys, tf.gather(values, shard_pos))
+
+    def accum(self, keys: Any, deltas: Any, insert_missing: bool = True) -> None:
+        """Add ``deltas`` to the rows of ``keys`` (duplicates sum); see ``TableCore.accum``."""
+        deltas = self._rows(deltas, what="deltas")
+        for shard, device, (shard_keys, shard_pos) in zip(
+            self._shards, self.devices, self.partition(keys), strict=True
+        ):
+            with tf.device(device):
+                shard.accum(shard_keys, tf.gather(deltas, shard_pos), insert_missing)
+
+    def write_back(
+        self, keys: tf.Tensor, old: tf.Tensor, new: tf.Tensor, existed: tf.Tensor
+    ) -> None:
+        """Store trained rows: overwrite them, or with ``bp_v2`` add ``new - old``.
+
+        With ``bp_v2`` a key that did not exist when ``old`` was read is inserted with
+        ``new``; existing keys get the delta added, so concurrent updates all land.
+        """
+        if not self.bp_v2:
+            self.upsert(keys, new)
+            return
+        self.accum(tf.boolean_mask(keys, existed), tf.boolean_mask(new - old, existed), True)
+        missing = tf.logical_not(existed)
+        self.upsert(tf.boolean_mask(keys, missing), tf.boolean_mask(new, missing))
+
+    def remove(self, keys: Any) -> None:
+        """Remove ``keys`` from the values and from every companion; missing keys are ignored."""
+        for shard, device, (shard_keys, _) in zip(
+            self._shards, self.devices, self.partition(keys), strict=True
+        ):
+            with tf.device(device):
+                shard.remove(shard_keys)
+        for companion in self._companions.values():
+            companion.remove(keys)
+
+    def size(self) -> tf.Tensor:
+        """Number of keys over all shards (int64 scalar)."""
+        sizes = []
+        for shard, device in zip(self._shards, self.devices, strict=True):
+            with tf.device(device):
+                sizes.append(tf.cast(shard.size(), tf.int64))
+        return tf.add_n(sizes)
+
+    def clear(self) -> None:
+        """Remove every key from the values and from every companion."""
+        for shard, device in zip(self._shards, self.devices, strict=True):
+            with tf.device(device):
+                shard.clear()
+        for companion in self._companions.values():
+            companion.clear()
+
+    def export(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """Return ``(keys [n], values [n, dim])`` over all shards."""
+        keys, values = [], []
+        for shard, device in zip(self._shards, self.devices, strict=True):
+            with tf.device(device):
+                shard_keys, shard_values = _export_shard(shard)
+            keys.append(shard_keys)
+            values.append(shard_values)
+        return tf.concat(keys, axis=0), tf.concat(values, axis=0)
+
+    # ---- companions and restriction -----------------------------------------------------
+    def companions(self) -> dict[str, Variable]:
+        """Companion tables by column name (``"adam_m"``, ``"timestamp"``, ...)."""
+        return dict(self._companions)
+
+    def companion(
+        self, column: str, dim: int, value_dtype: tf.DType, initializer: Any = None
+    ) -> Variable:
+        """Get or create the companion table ``column`` (same keys, devices, partitioner)."""
+        existing = self._companions.get(column)
+        if existing is not None:
+            return existing
+        with tf.init_scope():
+            created = Variable(
+                f"{self.name}/{column}",
+                key_dtype=self.key_dtype,
+                value_dtype=value_dtype,
+                dim=dim,
+                devices=self.devices,
+                partitioner=self.partitioner,
+                initializer=initializer,
+                trainable=False,
+                checkpoint=self.checkpoint,
+                init_size=self.init_size,
+                kv_creator=self.kv_creator,
+                bp_v2=self.bp_v2,
+            )
+        self._companions[column] = created
+        return created
+
+    def restrict(self, num_reserved: int, trigger: int | None = None) -> None:
+        """Keep the ``num_reserved`` keys the restrict policy ranks first when the size
+        exceeds ``trigger`` (default ``num_reserved``); see ``de_store.restrict``."""
+        if self.restrict_policy is None:
+            raise VariableError(
+                f"variable '{self.name}': restrict() needs a restrict_policy, got None"
+            )
+        self.restrict_policy.apply_restriction(num_reserved, trigger)
+
+    def _trackable_children(self, save_type: Any = "checkpoint", **kwargs: Any) -> Any:
+        if not self.checkpoint:
+            return {}
+        return super()._trackable_children(save_type, **kwargs)
+
+
+def _export_shard(shard: TableCore) -> tuple[tf.Tensor, tf.Tensor]:
+    export_all = getattr(shard, "export_all", None)
+    if export_all is not None:
+        return export_all()
+    batches = list(shard.export(1 << 20))
+    if not batches:
+        return tf.zeros([0], shard.key_dtype), tf.zeros([0, shard.dim], shard.value_dtype)
+    return (
+        tf.concat([keys for keys, _ in batches], axis=0),
+        tf.concat([values for _, values in batches], axis=0),
+    )
+
+
+class _Initializer:
+    """The rows given to missing keys: zeros, a constant, a ``[dim]`` row or a callable."""
+
+    def __init__(self, name: str, initializer: Any, value_dtype: tf.DType, dim: int) -> None:
+        self.name, self.value_dtype, self.dim = name, value_dtype, dim
+        self.function: Callable[..., Any] | None = None
+        self.constant: tf.Tensor | None = None
+        if initializer is None:
+            self.constant = tf.zeros([], value_dtype)
+        elif callable(initializer):
+            self.function = initializer
+            self._check_shape(self.rows(tf.constant(2)), "initializer output")
+        else:
+            array = np.asarray(initializer)
+            if array.ndim > 1 or (array.ndim == 1 and array.shape[0] != dim):
+                raise VariableError(
+                    f"variable '{name}': expected an initializer of shape [] or [{dim}], "
+                    f"got {list(array.shape)}"
+                )
+            self.constant = tf.constant(array, dtype=value_dtype)
+
+    def _check_shape(self, rows: tf.Tensor, what: str) -> None:
+        if rows.shape.as_list() != [2, self.dim]:
+            raise VariableError(
+                f"variable '{self.name}': expected {what} of shape [2, {self.dim}] "
+                f"for 2 keys, got {rows.shape.as_list()}"
+            )
+
+    def constant_default(self) -> tf.Tensor | None:
+        """The default row for the table cores, or ``None`` when it is random."""
+        return self.constant
+
+    def rows(self, count: tf.Tensor) -> tf.Tensor:
+        """``count`` fresh rows, shape ``[count, dim]``."""
+        if self.function is None:
+            return tf.broadcast_to(self.constant, tf.stack([count, self.dim]))
+        rows = self.function(shape=tf.stack([count, self.dim]), dtype=self.value_dtype)
+        return tf.cast(rows, self.value_dtype)
+
+
+def _module_name(name: str) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    return cleaned if cleaned and not cleaned[0].isdigit() else f"v_{cleaned}"
+
+
+def _check_dtypes(name: str, key_dtype: Any, value_dtype: Any) -> tuple[tf.DType, tf.DType]:
+    key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
+    if key_dtype not in (*_INT_KEYS, tf.string):
+        raise VariableError(
+            f"variable '{name}': expected key_dtype int32, int64 or string, got {key_dtype.name}"
+        )
+    if not (value_dtype.is_floating or value_dtype.is_integer):
+        raise VariableError(
+            f"variable '{name}': expected a numeric value_dtype, got {value_dtype.name}"
+        )
+    return key_dtype, value_dtype
+
+
+def _check_dim(name: str, dim: Any) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise VariableError(f"variable '{name}': expected dim >= 1, got {dim!r}")
+    return int(dim)
+
+
+def _resolve_devices(name: str, devices: str | Sequence[str] | None) -> list[str]:
+    if devices is None:
+        gpus = tf.config.list_logical_devices("GPU")
+        return [gpus[0].name if gpus else tf.config.list_logical_devices("CPU")[0].name]
+    if isinstance(devices, str):
+        devices = [devices]
+    if not devices:
+        raise VariableError(f"variable '{name}': expected at least one device, got []")
+    known = {
+        (spec.device_type, spec.device_index): device.name
+        for device in tf.config.list_logical_devices()
+        for spec in [tf.DeviceSpec.from_string(device.name)]
+    }
+    return [_resolve_device(name, device, known) for device in devices]
+
+
+def _resolve_device(name: str, device: str, known: dict[tuple[Any, Any], str]) -> str:
+    spec = tf.DeviceSpec.from_string(device if device.startswith("/") else f"/{device}")
+    if spec.job not in (None, "localhost"):
+        return device  # a remote device: placed by the cluster, not checked here
+    resolved = known.get(((spec.device_type or "").upper(), spec.device_index or 0))
+    if resolved is None:
+        raise VariableError(
+            f"variable '{name}': unknown device {device!r}; "
+            f"expected one of {sorted(known.values())}"
+        )
+    return resolved
+
+
+def get_variable(
+    name: str,
+    key_dtype: tf.DType = tf.int64,
+    value_dtype: tf.DType = tf.float32,
+    dim: int = 1,
+    devices: str | Sequence[str] | None = None,
+    partitioner: Partitioner = default_partition_fn,
+    shared_name: str = "get_variable",
+    initializer: Any = None,
+    trainable: bool = True,
+    checkpoint: bool = True,
+    init_size: int = 0,
+    kv_creator: HashTableCreator | None = None,
+    restrict_policy: Callable[[Variable], Any] | None = None,
+    bp_v2: bool = False,
+) -> Variable:
+    """Get the :class:`Variable` called ``name`` in the current name scope, or create it.
+
+    A second call with the same name returns the same Variable while it is alive; a call
+    that disagrees on ``dim``, ``key_dtype`` or ``value_dtype`` raises ``VariableError``.
+    Arguments follow TFRA's ``dynamic_embedding.get_variable``: one table shard per entry of
+    ``devices``, ``partitioner(keys, shard_num)`` picks the shard, ``initializer`` (number,
+    ``[dim]`` array or callable ``(shape, dtype)``) fills missing keys, ``init_size`` is
+    split across shards, ``checkpoint=False`` leaves the Variable out of checkpoints,
+    ``restrict_policy`` is a policy class instantiated with the Variable, and ``bp_v2``
+    makes optimizers add deltas instead of writing values.
+    """
+    scope = tf.get_current_name_scope()
+    full_name = f"{scope.rstrip('/')}/{name}" if scope else name
+    existing = _REGISTRY.get(full_name)
+    if existing is not None:
+        _check_same(existing, tf.as_dtype(key_dtype), tf.as_dtype(value_dtype), dim)
+        return existing
+    with tf.init_scope():
+        created = Variable(
+            full_name, key_dtype, value_dtype, dim, devices, partitioner, shared_name,
+            initializer, trainable, checkpoint, init_size, kv_creator, restrict_policy, bp_v2,
+        )  # fmt: skip
+    _REGISTRY[full_name] = created
+    return created
+
+
+def _check_same(existing: Variable, key_dtype: tf.DType, value_dtype: tf.DType, dim: int) -> None:
+    asked = (key_dtype.name, value_dtype.name, dim)
+    held = (existing.key_dtype.name, existing.value_dtype.name, existing.dim)
+    if asked != held:
+        raise VariableError(
+            f"variable '{existing.name}' exists with (key_dtype, value_dtype, dim) = {held}; "
+            f"get_variable asked for {asked}"
+        )
