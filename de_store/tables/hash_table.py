@@ -1,0 +1,216 @@
+"""An open-addressing hash table made of ``tf.Variable`` s and GPU-capable ops.
+
+Layout
+------
+*Index*: ``slot_keys [capacity]`` and ``slot_rows [capacity]`` (int64), a power-of-two
+open-addressing array with linear probing. ``slot_rows`` holds the row id of the key in
+that slot, or ``EMPTY`` / ``DELETED`` (a tombstone, so probe chains stay valid).
+*Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth``; rows freed by
+``remove`` go on a free list (``free_rows``) and are reused first.
+
+Keeping the values out of the probe array means the index (16 bytes a slot) is the only
+part sized by the power-of-two capacity, so the table stays within ~1.5x the raw key+value
+bytes, and growing the index (a rehash) never moves a value row.
+
+Batches are processed in parallel: every key probes at once, in rounds of a
+``tf.while_loop``. Keys that reach the same empty slot in the same round claim it with a
+``scatter_max`` of a per-key token; the highest token (the last key in the batch) wins and
+the losers look at the slot again next round (a duplicate of the winner then finds it). The
+same token trick picks the last occurrence of a duplicated key for ``insert`` and one
+occurrence for ``remove``; ``accum`` sums duplicates with ``scatter_add``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import tensorflow as tf
+
+from de_store.tables import _checks, _probe
+from de_store.tables.base import TableCore
+
+_KEY_DTYPES = (tf.int64, tf.int32)
+EMPTY = _probe.EMPTY
+DELETED = _probe.DELETED
+
+
+class HashTable(TableCore):
+    """GPU-capable key -> value-row table over ``tf.Variable`` s.
+
+    Parameters
+    ----------
+    key_dtype
+        ``tf.int64`` or ``tf.int32``.
+    value_dtype
+        One of float32, float16, bfloat16, float64, int32, int64.
+    dim
+        Width of each value row, ``>= 1``.
+    name
+        Names the table in error messages.
+    init_size
+        Number of keys to make room for up front.
+    max_load_factor
+        The index grows (doubling) before ``(keys + tombstones) / capacity`` would pass this.
+    row_growth
+        Factor by which the row store grows when it is full, ``> 1``.
+
+    The variables live on the device in scope when the table is created, and every
+    operation runs there.
+    """
+
+    def __init__(
+        self,
+        key_dtype: tf.DType,
+        value_dtype: tf.DType,
+        dim: int,
+        *,
+        name: str = "table",
+        init_size: int = 0,
+        max_load_factor: float = 0.75,
+        row_growth: float = 1.25,
+    ) -> None:
+        key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
+        _checks.check_config(name, key_dtype, value_dtype, dim, _KEY_DTYPES)
+        if not 0.1 <= max_load_factor <= 0.9:
+            raise ValueError(
+                f"table {name!r}: max_load_factor must be in [0.1, 0.9], got {max_load_factor}"
+            )
+        if row_growth <= 1.0:
+            raise ValueError(f"table {name!r}: row_growth must be > 1, got {row_growth}")
+        super().__init__(name=_checks.table_name(name))
+        self.table_name = name
+        self.key_dtype, self.value_dtype, self.dim = key_dtype, value_dtype, dim
+        self.max_load_factor, self.row_growth = float(max_load_factor), float(row_growth)
+        # int32 has no GPU kernels for resource gathers/scatters: hold it as int64.
+        self._stored_dtype = tf.int64 if value_dtype == tf.int32 else value_dtype
+        self._init_capacity = _probe.capacity_for(max(init_size, 1), self.max_load_factor)
+        rows = max(init_size, 16)
+        with tf.name_scope(self.name):
+            self.slot_keys = _variable("slot_keys", tf.zeros([self._init_capacity], tf.int64))
+            self.slot_rows = _variable(
+                "slot_rows", tf.fill([self._init_capacity], tf.constant(EMPTY, tf.int64))
+            )
+            self.values = _variable("values", tf.zeros([rows, dim], self._stored_dtype))
+            self.free_rows = _variable("free_rows", tf.zeros([16], tf.int64))
+            self.num_keys = tf.Variable(tf.constant(0, tf.int64), name="num_keys", trainable=False)
+            self.num_deleted = tf.Variable(
+                tf.constant(0, tf.int64), name="num_deleted", trainable=False
+            )
+            self.num_free = tf.Variable(tf.constant(0, tf.int64), name="num_free", trainable=False)
+            self.next_row = tf.Variable(tf.constant(0, tf.int64), name="next_row", trainable=False)
+        self._device = self.slot_rows.device
+        self._kernels = _Kernels(self)
+
+    # -- contract ----------------------------------------------------------------------
+    def lookup(
+        self, keys: tf.Tensor, default_value: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Return ``(values [n, dim], exists [n])``; see :meth:`TableCore.lookup`."""
+        keys = self._keys(keys)
+        with tf.device(self._device):
+            values, exists = self._kernels.lookup(keys)
+        values = tf.cast(values, self.value_dtype) if values.dtype != self.value_dtype else values
+        if default_value is None:
+            return values, exists
+        default = _checks.default_rows(
+            self.table_name, self.value_dtype, self.dim, tf.size(keys), default_value
+        )
+        return tf.where(exists[:, None], values, default), exists
+
+    def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
+        """Upsert rows; a key repeated in the batch keeps its last value."""
+        keys, values = self._keys_and_rows(keys, values, "values")
+        with tf.device(self._device):
+            self._kernels.insert(keys, values)
+
+    def accum(self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True) -> None:
+        """Add deltas (duplicates sum); missing keys are inserted when ``insert_missing``."""
+        keys, deltas = self._keys_and_rows(keys, deltas, "deltas")
+        with tf.device(self._device):
+            if insert_missing:
+                self._kernels.accum_insert(keys, deltas)
+            else:
+                self._kernels.accum_existing(keys, deltas)
+
+    def remove(self, keys: tf.Tensor) -> None:
+        """Remove keys; missing keys are ignored."""
+        keys = self._keys(keys)
+        with tf.device(self._device):
+            self._kernels.remove(keys)
+
+    def size(self) -> tf.Tensor:
+        """Number of keys held (int64 scalar)."""
+        return tf.identity(self.num_keys)
+
+    def clear(self) -> None:
+        """Remove every key; the index keeps its capacity, the row store is released."""
+        with tf.device(self._device):
+            self._kernels.clear()
+
+    def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """Return ``(keys [n], values [n, dim])`` of the whole table in one consistent read."""
+        with tf.device(self._device):
+            keys, values = self._kernels.export_all()
+        keys = tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys
+        values = tf.cast(values, self.value_dtype) if values.dtype != self.value_dtype else values
+        return keys, values
+
+    def export(self, batch_size: int) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
+        """Yield snapshot batches of at most ``batch_size`` rows (eager only)."""
+        return _checks.snapshot_batches(self.table_name, self.export_all(), batch_size)
+
+    # -- introspection -----------------------------------------------------------------
+    def capacity(self) -> int:
+        """Number of index slots (a power of two)."""
+        return int(_probe.variable_length(self.slot_rows))
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the table's variables."""
+        arrays = (self.slot_keys, self.slot_rows, self.values, self.free_rows)
+        total = sum(
+            int(tf.reduce_prod(tf.raw_ops.VariableShape(input=v.handle, out_type=tf.int64)))
+            * v.dtype.size
+            for v in arrays
+        )
+        return total + 4 * 8  # the four int64 counters
+
+    # -- helpers -----------------------------------------------------------------------
+    def _keys(self, keys: Any) -> tf.Tensor:
+        keys = _checks.check_keys(self.table_name, self.key_dtype, keys)
+        return tf.cast(keys, tf.int64) if keys.dtype != tf.int64 else keys
+
+    def _keys_and_rows(self, keys: Any, rows: Any, what: str) -> tuple[tf.Tensor, tf.Tensor]:
+        keys = self._keys(keys)
+        rows, checks = _checks.check_rows(
+            self.table_name, self.value_dtype, self.dim, keys, rows, what
+        )
+        with tf.control_dependencies(checks):
+            rows = (
+                tf.cast(rows, self._stored_dtype)
+                if rows.dtype != self._stored_dtype
+                else (tf.identity(rows))
+            )
+        return keys, rows
+
+
+def _variable(name: str, initial: tf.Tensor) -> tf.Variable:
+    """A non-trainable variable whose leading dimension may change (growth, restore)."""
+    shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
+    return tf.Variable(initial, name=name, trainable=False, shape=shape)
+
+
+class _Kernels:
+    """The table's compiled operations, one ``tf.function`` each (not tracked)."""
+
+    def __init__(self, table: HashTable) -> None:
+        ops = _probe.TableOps(table)
+        keys = tf.TensorSpec([None], tf.int64)
+        rows = tf.TensorSpec([None, table.dim], table._stored_dtype)
+        self.lookup = tf.function(ops.lookup, input_signature=[keys])
+        self.insert = tf.function(ops.insert, input_signature=[keys, rows])
+        self.accum_insert = tf.function(ops.accum_insert, input_signature=[keys, rows])
+        self.accum_existing = tf.function(ops.accum_existing, input_signature=[keys, rows])
+        self.remove = tf.function(ops.remove, input_signature=[keys])
+        self.clear = tf.function(ops.clear, input_signature=[])
+        self.export_all = tf.function(ops.export_all, input_signature=[])
