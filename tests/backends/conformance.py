@@ -9,6 +9,7 @@ here.
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import pytest
@@ -140,6 +141,19 @@ class BackendConformance:
         with pytest.raises(AlreadyExistsError, match="COMMITTED"):
             backend.write_once("COMMITTED", b"second")
         assert backend.read_bytes("COMMITTED") == b"first"
+
+    def test_concurrent_write_once_has_exactly_one_winner(self, backend: Backend) -> None:
+        def attempt(i: int) -> int | None:
+            try:
+                backend.write_once("COMMITTED", f"writer {i}".encode())
+            except AlreadyExistsError:
+                return None
+            return i
+
+        with ThreadPoolExecutor(8) as pool:
+            winners = [i for i in pool.map(attempt, range(8)) if i is not None]
+        assert len(winners) == 1
+        assert backend.read_bytes("COMMITTED") == f"writer {winners[0]}".encode()
 
     # --- failures -----------------------------------------------------------------------
     def test_failed_write_leaves_nothing(self, backend: Backend) -> None:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import pytest
 from conformance import BackendConformance
 
+from de_store.backends import Backend
 from de_store.backends.gcs import GCSBackend
 from de_store.testing import StorageLocation
 
@@ -18,6 +19,14 @@ class TestGCSBackend(BackendConformance):
     @pytest.fixture
     def location(self, gcs_location: StorageLocation) -> StorageLocation:
         return gcs_location
+
+    @pytest.mark.xfail(
+        strict=False,
+        reason="emulator quirk: it ignores ifGenerationMatch=0, so two racing writers can "
+        "both pass the existence check and both succeed (real GCS refuses the second)",
+    )
+    def test_concurrent_write_once_has_exactly_one_winner(self, backend: Backend) -> None:
+        super().test_concurrent_write_once_has_exactly_one_winner(backend)
 
 
 @pytest.mark.xfail(
