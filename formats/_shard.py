@@ -1,0 +1,150 @@
+"""Pieces every format shares: the part-writing loop, ShardInfo assembly, read checks."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from de_store.errors import DeStoreError, FormatError
+
+from ._stream import check_frame, check_size, crc32c_combine
+from .base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
+from .batches import conform, key_range, select, split
+
+if TYPE_CHECKING:
+    from de_store.backends import Backend
+
+#: Writes one part and returns its byte range in each file of the shard.
+PartWriter = Callable[[pa.RecordBatch], tuple[ByteRange, ...]]
+
+
+def location(backend: Backend, path: str) -> str:
+    """``path`` as a URL on ``backend``, for messages."""
+    return f"{backend.url.rstrip('/')}/{path}"
+
+
+def write_parts(
+    write_part: PartWriter,
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    buffer_size: int,
+    where: str,
+) -> list[PartInfo]:
+    """Split each batch at ``buffer_size`` rows, write each piece as a part, describe them."""
+    if buffer_size < 1:
+        raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
+    parts: list[PartInfo] = []
+    row_offset = 0
+    for batch in batches:
+        for piece in split(conform(batch, schema, where), buffer_size):
+            ranges = write_part(piece)
+            low, high = key_range(piece.column(0))
+            parts.append(PartInfo(piece.num_rows, row_offset, low, high, ranges))
+            row_offset += piece.num_rows
+    return parts
+
+
+def shard_info(
+    format_name: str,
+    path: str,
+    schema_info: SchemaInfo,
+    parts: Sequence[PartInfo],
+    files: Sequence[FileInfo],
+) -> ShardInfo:
+    """Assemble the :class:`ShardInfo` of a finished write."""
+    crc = files[0].crc32c
+    for f in files[1:]:
+        crc = crc32c_combine(crc, f.crc32c, f.bytes)
+    keys = [p for p in parts if p.rows]
+    return ShardInfo(
+        path=path,
+        format=format_name,
+        rows=sum(p.rows for p in parts),
+        bytes=sum(f.bytes for f in files),
+        crc32c=crc,
+        min_key=min((p.min_key for p in keys), default=None),  # type: ignore[type-var]
+        max_key=max((p.max_key for p in keys), default=None),  # type: ignore[type-var]
+        columns=schema_info.columns,
+        parts=tuple(parts),
+        files=tuple(files),
+        schema=schema_info,
+    )
+
+
+def wanted_parts(parts: Sequence[int] | None, count: int, where: str) -> list[int]:
+    """The part indices to read (all by default); ValueError naming a bad index."""
+    if parts is None:
+        return list(range(count))
+    bad = [i for i in parts if not 0 <= i < count]
+    if bad:
+        raise ValueError(f"{where} has {count} parts (0..{count - 1}); cannot read parts {bad}")
+    return list(parts)
+
+
+def check_expected(expected: ShardInfo, format_name: str, where: str) -> None:
+    """FormatError when ``expected`` describes a shard of another format."""
+    if expected.format != format_name:
+        raise FormatError(
+            f"{where}: expected describes a {expected.format!r} shard, read as {format_name!r}"
+        )
+
+
+def read_frame(
+    backend: Backend, path: str, expected: ShardInfo, file_index: int = 0
+) -> tuple[bytes, bytes]:
+    """Check size, read the header and footer of a file and verify them with its crc32c.
+
+    Returns ``(head, tail)``: the bytes before the first part and after the last one.
+    """
+    where = location(backend, path)
+    file = expected.files[file_index]
+    check_size(where, file.bytes, backend.size(path))
+    ranges = [p.ranges[file_index] for p in expected.parts]
+    head_end = ranges[0].offset if ranges else file.bytes
+    tail_start = ranges[-1].end if ranges else file.bytes
+    head = backend.read_range(path, 0, head_end)
+    tail = backend.read_range(path, tail_start, file.bytes)
+    check_frame(where, file, ranges, head, tail)
+    return head, tail
+
+
+def check_rows(where: str, part: int, expected: int, found: int) -> None:
+    """FormatError when a decoded part has another row count than recorded."""
+    if expected != found:
+        raise FormatError(f"part {part} of {where}: expected {expected} rows, found {found}")
+
+
+def check_columns(where: str, schema: pa.Schema, expected: SchemaInfo | None) -> None:
+    """FormatError unless the file has ``key`` and ``value`` (and ``expected``'s columns)."""
+    found = [(f.name, f.type) for f in schema]
+    if expected is not None:
+        wanted = [(f.name, f.type) for f in expected.arrow_schema()]
+        if found != wanted:
+            raise FormatError(f"{where}: expected columns {wanted}, found {found}")
+    elif schema.get_field_index("key") < 0 or schema.get_field_index("value") < 0:
+        raise FormatError(
+            f"{where} is not a de_store shard: no 'key' and 'value' columns in {schema.names}"
+        )
+
+
+def rebatch(
+    batches: Iterable[pa.RecordBatch], buffer_size: int, columns: Sequence[str] | None, where: str
+) -> Iterator[pa.RecordBatch]:
+    """Select ``columns`` and cut batches to at most ``buffer_size`` rows."""
+    names = list(columns) if columns is not None else None
+    for batch in batches:
+        yield from split(select(batch, names, where), buffer_size)
+
+
+@contextlib.contextmanager
+def decoding(where: str) -> Iterator[None]:
+    """Turn a decoder's error (Arrow, Parquet, OS) into a FormatError naming the file."""
+    try:
+        yield
+    except DeStoreError:
+        raise
+    except (pa.ArrowException, OSError, EOFError) as err:
+        raise FormatError(f"cannot decode {where}: {type(err).__name__}: {err}") from err

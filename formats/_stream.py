@@ -1,0 +1,233 @@
+"""Checksummed streams shared by the formats: crc32c while writing, verification on read."""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+import google_crc32c
+import pyarrow as pa
+
+from de_store.errors import ChecksumError, FormatError
+
+from .base import ByteRange, FileInfo
+
+_POLY = 0x82F63B78  # crc32c polynomial, bit-reversed
+_X2N = [1 << 30]  # x^(2^k) mod p for k = 0..31, bit-reversed (bit 31 is x^0)
+
+
+def crc32c_extend(crc: int, data: Any) -> int:
+    """crc32c of the bytes already summed into ``crc`` followed by ``data`` (any buffer)."""
+    if not isinstance(data, bytes | pa.Buffer):
+        data = pa.py_buffer(data)
+    return int(google_crc32c.extend(crc, data))
+
+
+def _multiply(a: int, b: int) -> int:
+    """a(x) * b(x) modulo the crc32c polynomial, both bit-reversed."""
+    product, mask = 0, 1 << 31
+    while a:
+        if a & mask:
+            product ^= b
+            a ^= mask
+        mask >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+    return product
+
+
+for _ in range(31):
+    _X2N.append(_multiply(_X2N[-1], _X2N[-1]))
+
+
+@functools.lru_cache(maxsize=256)
+def _shift_operator(length: int) -> int:
+    """x^(8 * length) modulo the polynomial: appending ``length`` zero bytes, unconditioned."""
+    result, k = 1 << 31, 3
+    while length:
+        if length & 1:
+            result = _multiply(_X2N[k & 31], result)
+        length >>= 1
+        k += 1
+    return result
+
+
+def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
+    """crc32c of ``a + b`` from ``crc32c(a)``, ``crc32c(b)`` and ``len(b)``.
+
+    CRCs are linear over GF(2): ``crc(a + b) = crc(a) * x^(8 len(b)) mod p  ^  crc(b)``
+    (the initial and final inversions cancel), as in zlib's ``crc32_combine``.
+    """
+    return _multiply(_shift_operator(length_b), crc_a) ^ crc_b
+
+
+class ChecksummingWriter(io.RawIOBase):
+    """A write-only stream that sums crc32c over everything and over each segment.
+
+    :meth:`cut` ends the current segment (a part) and returns its byte range and crc32c;
+    :meth:`cut_at` schedules a cut at a future offset (Arrow writes its header lazily,
+    together with the first batch). Closing does not close the wrapped stream.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self._raw = raw
+        self.crc32c = 0
+        self.position = 0
+        self._segment_start = 0
+        self._segment_crc = 0
+        self._pending: int | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def write(self, data: Any) -> int:
+        buffer = data if isinstance(data, bytes | pa.Buffer) else pa.py_buffer(data)
+        size = len(buffer) if isinstance(buffer, bytes) else buffer.size
+        pending = self._pending
+        if pending is not None and self.position <= pending < self.position + size:
+            head = pending - self.position
+            self._sum(buffer[:head])
+            self._start_segment()
+            self._sum(buffer[head:])
+        else:
+            self._sum(buffer)
+        self._raw.write(data)
+        self.position += size
+        return size
+
+    def _sum(self, chunk: Any) -> None:
+        self.crc32c = crc32c_extend(self.crc32c, chunk)
+        self._segment_crc = crc32c_extend(self._segment_crc, chunk)
+
+    def _start_segment(self) -> None:
+        self._segment_start = self.position if self._pending is None else self._pending
+        self._segment_crc = 0
+        self._pending = None
+
+    def cut_at(self, offset: int) -> None:
+        """Start a new segment at ``offset`` (at or after the current position)."""
+        self._pending = offset
+        if offset == self.position:
+            self._start_segment()
+
+    def cut(self) -> ByteRange:
+        """End the current segment here and return it; the next one starts here."""
+        segment = ByteRange(
+            self._segment_start, self.position - self._segment_start, self._segment_crc
+        )
+        self._segment_start, self._segment_crc, self._pending = self.position, 0, None
+        return segment
+
+    def close(self) -> None:
+        """Mark closed; the backend's context manager owns the wrapped stream."""
+        super().close()
+
+
+def read_exact(f: BinaryIO, size: int, where: str) -> bytes:
+    """Exactly ``size`` bytes from ``f``; FormatError naming ``where`` if the file ends early."""
+    data = f.read(size)
+    if len(data) != size:
+        raise FormatError(f"{where} is truncated: expected {size} more bytes, found {len(data)}")
+    return data
+
+
+def check_crc(where: str, what: str, expected: int, data: Any) -> None:
+    """Raise ChecksumError naming ``where`` when ``crc32c(data) != expected``."""
+    found = crc32c_extend(0, data)
+    if found != expected:
+        raise ChecksumError(
+            f"crc32c mismatch in {what} of {where}: expected {expected:#010x}, found {found:#010x}"
+        )
+
+
+def check_crc_value(where: str, expected: int, found: int) -> None:
+    """ChecksumError naming ``where`` when a whole file's crc32c differs from the recorded one."""
+    if expected != found:
+        raise ChecksumError(
+            f"crc32c mismatch in {where}: expected {expected:#010x}, found {found:#010x}"
+        )
+
+
+def check_frame(
+    where: str, file: FileInfo, ranges: Sequence[ByteRange], head: bytes, tail: bytes
+) -> None:
+    """Verify a file's header and footer against its crc32c and the parts' recorded ones.
+
+    ``head`` is the file's content before the first range, ``tail`` after the last one; the
+    ranges must tile the space between them.
+    """
+    crc = crc32c_extend(0, head)
+    position = len(head)
+    for r in ranges:
+        if r.offset != position:
+            raise FormatError(f"parts recorded for {where} do not tile the file at byte {position}")
+        crc = crc32c_combine(crc, r.crc32c, r.length)
+        position = r.end
+    crc = crc32c_extend(crc, tail)
+    if crc != file.crc32c:
+        raise ChecksumError(
+            f"crc32c mismatch in {where}: expected {file.crc32c:#010x}, found {crc:#010x} "
+            "(header, footer and recorded part checksums combined)"
+        )
+
+
+def check_size(where: str, expected: int, found: int) -> None:
+    """FormatError naming ``where`` when a file's size is not the recorded one."""
+    if expected != found:
+        raise FormatError(
+            f"{where} is truncated or was modified: expected {expected} bytes, found {found}"
+        )
+
+
+class SparseFile(io.RawIOBase):
+    """A read-only, seekable file of ``size`` bytes where only some ranges are present.
+
+    Used to decode verified parts with a reader that wants a whole file (Parquet): a read
+    outside the present ranges raises FormatError instead of returning unverified bytes.
+    """
+
+    def __init__(self, size: int, where: str) -> None:
+        super().__init__()
+        self._size = size
+        self._where = where
+        self._pos = 0
+        self._ranges: dict[int, pa.Buffer] = {}
+
+    def put(self, offset: int, data: Any) -> None:
+        """Make ``data`` present at ``offset``."""
+        self._ranges[offset] = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+
+    def drop(self, offset: int) -> None:
+        """Forget the range starting at ``offset``."""
+        self._ranges.pop(offset, None)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:  # type: ignore[override]
+        end = self._size if size is None or size < 0 else min(self._pos + size, self._size)
+        for start, data in self._ranges.items():
+            if start <= self._pos and end <= start + data.size:
+                out = data[self._pos - start : end - start].to_pybytes()
+                self._pos = end
+                return out
+        raise FormatError(
+            f"{self._where}: a reader asked for bytes [{self._pos}, {end}) outside the "
+            "verified parts and footer; the file does not match its recorded parts"
+        )

@@ -1,0 +1,301 @@
+"""The shard format contract and the records a format returns about what it wrote.
+
+A :class:`ShardFormat` turns a stream of Arrow record batches (columns ``key``, ``value`` and
+optional extra columns of the same rows) into one shard on a :class:`~de_store.backends.Backend`
+and back. Writing returns a :class:`ShardInfo`: rows, bytes, crc32c checksums, key range and
+one :class:`PartInfo` per part (each input batch, split at ``buffer_size`` rows, is one part:
+a Parquet row group, an Arrow IPC record batch, a row range of a binary pair). A reader given
+that ``ShardInfo`` verifies every byte it decodes and can read only some parts.
+
+Checksums
+---------
+``FileInfo.crc32c`` is the crc32c of a whole file. Each part also records the crc32c of its
+byte range in every file. The bytes before the first part (header) and after the last part
+(footer) are read in full on every verified read and checked, together with the recorded
+part checksums, against the file's crc32c; each part read is checked against its own
+crc32c before it is decoded. A full read therefore verifies every byte of every file; a read
+of some parts verifies the header, the footer and those parts.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from de_store.backends import Backend
+
+#: Rows per part on write and at most per batch on read, unless told otherwise.
+DEFAULT_BUFFER_SIZE = 65536
+#: Version of the layout and metadata de_store writes; stored in every shard's metadata.
+FORMAT_VERSION = 1
+
+Key = int | str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtraColumn:
+    """An extra column stored next to ``key`` and ``value`` (optimizer slot, status).
+
+    Attributes
+    ----------
+    name:
+        Column name, e.g. ``"adam_m"`` or ``"timestamp"``.
+    dtype:
+        Logical dtype name (see :data:`de_store.formats.batches.VALUE_DTYPES`).
+    width:
+        Values per row (a ``fixed_size_list`` column), or None for one scalar per row.
+    """
+
+    name: str
+    dtype: str
+    width: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SchemaInfo:
+    """What a shard holds: the variable, its dim and dtypes, and its extra columns.
+
+    Attributes
+    ----------
+    name:
+        Variable name (stored in the shard's metadata).
+    dim:
+        Values per key.
+    key_dtype:
+        ``"int64"``, ``"int32"`` or ``"string"``.
+    value_dtype:
+        ``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float64"``, ``"int32"`` or ``"int64"``.
+    shard_id:
+        Index of this shard among the variable's shards (stored in the metadata).
+    extras:
+        Extra columns, in order, after ``key`` and ``value``.
+    """
+
+    name: str
+    dim: int
+    key_dtype: str = "int64"
+    value_dtype: str = "float32"
+    shard_id: int = 0
+    extras: tuple[ExtraColumn, ...] = ()
+
+    def __post_init__(self) -> None:
+        from .batches import check_schema_info
+
+        check_schema_info(self)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Column names in order."""
+        return ("key", "value", *(e.name for e in self.extras))
+
+    def arrow_schema(self) -> pa.Schema:
+        """The Arrow schema of the batches (bfloat16 stored as uint16, see ``batches``)."""
+        from .batches import arrow_schema
+
+        return arrow_schema(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SchemaInfo:
+        """Inverse of :meth:`to_dict`."""
+        extras = tuple(ExtraColumn(**e) for e in data.get("extras", ()))
+        return cls(**{**data, "extras": extras})
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteRange:
+    """A part's bytes in one file: ``[offset, offset + length)`` and their crc32c."""
+
+    offset: int
+    length: int
+    crc32c: int
+
+    @property
+    def end(self) -> int:
+        """Offset one past the last byte."""
+        return self.offset + self.length
+
+
+@dataclasses.dataclass(frozen=True)
+class PartInfo:
+    """One part of a shard (row group, record batch, row range).
+
+    Attributes
+    ----------
+    rows:
+        Rows in the part.
+    row_offset:
+        Index of the part's first row in the shard.
+    min_key, max_key:
+        Smallest and largest key (None for an empty part).
+    ranges:
+        The part's bytes in each of :attr:`ShardInfo.files`, in the same order.
+    """
+
+    rows: int
+    row_offset: int
+    min_key: Key
+    max_key: Key
+    ranges: tuple[ByteRange, ...]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PartInfo:
+        """Inverse of ``dataclasses.asdict``."""
+        ranges = tuple(ByteRange(**r) for r in data["ranges"])
+        return cls(**{**data, "ranges": ranges})
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    """One file of a shard: backend path, size in bytes and crc32c of its content."""
+
+    path: str
+    bytes: int
+    crc32c: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """What a :meth:`ShardFormat.write` wrote; goes into the checkpoint manifest.
+
+    Attributes
+    ----------
+    path:
+        The path given to ``write`` (for ``binary``, the prefix of the ``-keys``/``-values``
+        pair).
+    format:
+        Format name (``"parquet"``, ``"arrow"``, ``"binary"``).
+    rows:
+        Rows written.
+    bytes:
+        Bytes of all files together.
+    crc32c:
+        crc32c of the files' contents concatenated in order (the file's crc32c when there
+        is one file).
+    min_key, max_key:
+        Smallest and largest key (None when empty).
+    columns:
+        Column names written.
+    parts:
+        One entry per part, in file order.
+    files:
+        Every file written, with its own size and crc32c.
+    schema:
+        The :class:`SchemaInfo` the shard was written with.
+    """
+
+    path: str
+    format: str
+    rows: int
+    bytes: int
+    crc32c: int
+    min_key: Key
+    max_key: Key
+    columns: tuple[str, ...]
+    parts: tuple[PartInfo, ...]
+    files: tuple[FileInfo, ...]
+    schema: SchemaInfo
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (tuples become lists)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShardInfo:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            **{
+                **data,
+                "columns": tuple(data["columns"]),
+                "parts": tuple(PartInfo.from_dict(p) for p in data["parts"]),
+                "files": tuple(FileInfo(**f) for f in data["files"]),
+                "schema": SchemaInfo.from_dict(data["schema"]),
+            }
+        )
+
+
+class ShardFormat(abc.ABC):
+    """A way to lay out a shard's rows in files on a backend.
+
+    Implementations stream: they hold the batch in hand plus at most ``buffer_size`` rows,
+    whatever the shard's size.
+    """
+
+    #: Registry name.
+    name: ClassVar[str]
+    #: Suggested file name suffix (".parquet", ".arrow", "" for binary).
+    suffix: ClassVar[str]
+
+    @abc.abstractmethod
+    def write(
+        self,
+        backend: Backend,
+        path: str,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        schema_info: SchemaInfo,
+        buffer_size: int = DEFAULT_BUFFER_SIZE,
+    ) -> ShardInfo:
+        """Write ``batches`` as one shard at ``path`` and describe what was written.
+
+        Parameters
+        ----------
+        backend:
+            Where to write.
+        path:
+            Path of the shard, relative to the backend's root.
+        batches:
+            Record batches with the columns of ``schema_info`` (see ``batches``).
+        schema_info:
+            Variable name, dim, dtypes and extra columns.
+        buffer_size:
+            Each batch is split into parts of at most this many rows.
+
+        Raises
+        ------
+        FormatError
+            A batch does not match ``schema_info``, or the format cannot store it.
+        """
+
+    @abc.abstractmethod
+    def read(
+        self,
+        backend: Backend,
+        path: str,
+        *,
+        buffer_size: int = DEFAULT_BUFFER_SIZE,
+        columns: Sequence[str] | None = None,
+        parts: Sequence[int] | None = None,
+        expected: ShardInfo | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Read a shard back as record batches of at most ``buffer_size`` rows.
+
+        Parameters
+        ----------
+        backend, path:
+            Where the shard is.
+        buffer_size:
+            Most rows per yielded batch.
+        columns:
+            Columns to return (default: all), in the order given.
+        parts:
+            Indices of the parts to read (default: all), in the order given.
+        expected:
+            What ``write`` returned. When given, sizes, row counts, schema and crc32c
+            checksums are verified before rows are returned.
+
+        Raises
+        ------
+        ChecksumError
+            A checksum does not match the one recorded in ``expected``.
+        FormatError
+            The file is truncated, foreign, or does not match ``expected``.
+        """

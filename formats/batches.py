@@ -1,0 +1,208 @@
+"""Record batches of keys, values and extra columns: schema, numpy conversion, checks.
+
+A batch has columns ``key`` (int64, int32 or string), ``value`` (``fixed_size_list`` of the
+value dtype, ``dim`` wide) and optional extra columns. bfloat16 has no Arrow type: it is
+stored as its raw 16-bit pattern (uint16) and the field's metadata records
+``de_store.dtype = bfloat16``, so it comes back bit for bit as ``ml_dtypes.bfloat16``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from de_store.errors import FormatError
+
+if TYPE_CHECKING:
+    from .base import Key, SchemaInfo
+
+#: Key dtype name -> Arrow type.
+KEY_DTYPES: dict[str, pa.DataType] = {
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "string": pa.string(),
+}
+#: Value (and extra column) dtype name -> Arrow storage type.
+VALUE_DTYPES: dict[str, pa.DataType] = {
+    "float32": pa.float32(),
+    "float16": pa.float16(),
+    "bfloat16": pa.uint16(),
+    "float64": pa.float64(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "int8": pa.int8(),
+    "uint8": pa.uint8(),
+}
+#: Field metadata key holding the logical dtype.
+DTYPE_KEY = b"de_store.dtype"
+
+
+def check_schema_info(info: SchemaInfo) -> None:
+    """Raise ValueError for an unknown dtype, a bad dim or clashing column names."""
+    if info.key_dtype not in KEY_DTYPES:
+        raise ValueError(
+            f"key_dtype {info.key_dtype!r} of {info.name!r} is not one of {list(KEY_DTYPES)}"
+        )
+    if info.dim < 1:
+        raise ValueError(f"dim of {info.name!r} must be >= 1, got {info.dim}")
+    for dtype in (info.value_dtype, *(e.dtype for e in info.extras)):
+        if dtype not in VALUE_DTYPES:
+            raise ValueError(f"dtype {dtype!r} in {info.name!r} is not one of {list(VALUE_DTYPES)}")
+    names = info.columns
+    if len(set(names)) != len(names):
+        raise ValueError(f"column names of {info.name!r} repeat: {names}")
+
+
+def _field(name: str, dtype: str, width: int | None) -> pa.Field:
+    storage = VALUE_DTYPES.get(dtype) or KEY_DTYPES[dtype]
+    type_ = storage if width is None else pa.list_(storage, width)
+    return pa.field(name, type_, nullable=False, metadata={DTYPE_KEY: dtype.encode()})
+
+
+def arrow_schema(info: SchemaInfo) -> pa.Schema:
+    """The Arrow schema for ``info``, with de_store's metadata (name, dim, dtypes, ...)."""
+    from .base import FORMAT_VERSION
+
+    fields = [_field("key", info.key_dtype, None), _field("value", info.value_dtype, info.dim)]
+    fields += [_field(e.name, e.dtype, e.width) for e in info.extras]
+    metadata = {
+        "de_store.variable": info.name,
+        "de_store.dim": str(info.dim),
+        "de_store.key_dtype": info.key_dtype,
+        "de_store.value_dtype": info.value_dtype,
+        "de_store.shard_id": str(info.shard_id),
+        "de_store.format_version": str(FORMAT_VERSION),
+    }
+    return pa.schema(fields, metadata=metadata)
+
+
+def _dtype_name(array: np.ndarray) -> str:
+    if array.dtype.kind in "OUT":
+        return "string"
+    return str(array.dtype.name)
+
+
+def _column(array: np.ndarray, width_expected: bool) -> pa.Array:
+    """A numpy column ([n] or [n, w]) as an Arrow array, zero-copy for contiguous input."""
+    if _dtype_name(array) == "bfloat16":
+        array = array.view(np.uint16)
+    if not width_expected:
+        return pa.array(array)
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat), array.shape[1])
+
+
+def batch_from_numpy(
+    keys: np.ndarray,
+    values: np.ndarray,
+    extras: Mapping[str, np.ndarray] | None = None,
+    *,
+    schema: pa.Schema | None = None,
+) -> pa.RecordBatch:
+    """Build a batch from ``keys [n]``, ``values [n, dim]`` and extra columns.
+
+    Numeric arrays that are C-contiguous are wrapped without copying. An extra column of
+    shape ``[n, w]`` becomes a ``fixed_size_list`` column, one of shape ``[n]`` a scalar one.
+
+    Parameters
+    ----------
+    keys:
+        Integer keys, or strings (``str``/object arrays) for ``key_dtype="string"``.
+    values:
+        Values, shape ``[n, dim]``; ``ml_dtypes.bfloat16`` is stored as its bit pattern.
+    extras:
+        Extra columns by name, in order.
+    schema:
+        When given (e.g. ``SchemaInfo.arrow_schema()``), the batch carries that schema.
+    """
+    if values.ndim != 2 or len(values) != len(keys):
+        raise ValueError(
+            f"values must be [n, dim] with n = len(keys) = {len(keys)}, got {values.shape}"
+        )
+    names = ["key", "value"]
+    arrays = [_column(keys, False), _column(values, True)]
+    for name, array in (extras or {}).items():
+        if len(array) != len(keys):
+            raise ValueError(f"extra column {name!r} has {len(array)} rows, keys have {len(keys)}")
+        names.append(name)
+        arrays.append(_column(array, array.ndim == 2))
+    if schema is not None:
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def column_to_numpy(array: pa.Array, field: pa.Field) -> np.ndarray:
+    """One column as numpy: ``[n]`` or ``[n, w]`` for ``fixed_size_list``; bfloat16 restored."""
+    logical = (field.metadata or {}).get(DTYPE_KEY, b"").decode()
+    if pa.types.is_fixed_size_list(array.type):
+        width = array.type.list_size
+        flat = array.flatten().to_numpy(zero_copy_only=False)
+        out = flat.reshape(len(array), width)
+    elif pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        out = array.to_numpy(zero_copy_only=False)
+    else:
+        out = array.to_numpy(zero_copy_only=False)
+    if logical == "bfloat16":
+        import ml_dtypes
+
+        out = out.view(ml_dtypes.bfloat16)
+    return out
+
+
+def batch_to_numpy(
+    batch: pa.RecordBatch | pa.Table,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Inverse of :func:`batch_from_numpy`: ``(keys, values, extras)``; zero-copy if possible."""
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else _empty(batch.schema)
+    columns = {f.name: column_to_numpy(batch.column(i), f) for i, f in enumerate(batch.schema)}
+    keys, values = columns.pop("key"), columns.pop("value")
+    return keys, values, columns
+
+
+def _empty(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBatch:
+    """``batch`` relabelled with ``schema`` (no copy); FormatError if names or types differ."""
+    found = [(f.name, f.type) for f in batch.schema]
+    wanted = [(f.name, f.type) for f in schema]
+    if found != wanted:
+        raise FormatError(
+            f"batch written to {where} does not match the shard's schema: "
+            f"expected columns {_describe(wanted)}, found {_describe(found)}"
+        )
+    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+
+def _describe(columns: list[tuple[str, pa.DataType]]) -> str:
+    return "[" + ", ".join(f"{n}: {t}" for n, t in columns) + "]"
+
+
+def split(batch: pa.RecordBatch, rows: int) -> Iterator[pa.RecordBatch]:
+    """Zero-copy slices of ``batch`` with at most ``rows`` rows each (none if empty)."""
+    for start in range(0, batch.num_rows, rows):
+        yield batch.slice(start, rows)
+
+
+def key_range(keys: pa.Array) -> tuple[Key, Key]:
+    """Smallest and largest key, or ``(None, None)`` when empty."""
+    if len(keys) == 0:
+        return None, None
+    result: Any = pc.min_max(keys)
+    return result["min"].as_py(), result["max"].as_py()
+
+
+def select(batch: pa.RecordBatch, columns: list[str] | None, where: str) -> pa.RecordBatch:
+    """Only ``columns`` of ``batch``, in that order; FormatError naming a missing one."""
+    if columns is None:
+        return batch
+    missing = [c for c in columns if c not in batch.schema.names]
+    if missing:
+        raise FormatError(f"{where} has no column {missing}: found {batch.schema.names}")
+    return batch.select(columns)

@@ -1,0 +1,198 @@
+"""Parquet shards: one row group per part, readable by any Parquet reader.
+
+Columns are ``key``, ``value`` (``fixed_size_list<value dtype>[dim]``) and the extra
+columns; the file's key-value metadata holds ``de_store.variable``, ``de_store.dim``,
+``de_store.key_dtype``, ``de_store.value_dtype``, ``de_store.shard_id`` and
+``de_store.format_version`` (plus Arrow's own ``ARROW:schema``, so the fixed-size lists and
+the bfloat16 field metadata come back as written). Dictionary encoding is off (keys are
+unique, values are noise) and statistics are written for ``key`` only.
+
+Plain pyarrow reads a shard, or a whole variable from its folder of shards::
+
+    import pyarrow.parquet as pq, pyarrow.dataset as ds
+    table = pq.read_table("ckpt/emb/shard-00000.parquet")
+    table = ds.dataset("ckpt/emb/", format="parquet").to_table()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from de_store.errors import FormatError
+
+from ._shard import (
+    check_columns,
+    check_expected,
+    check_rows,
+    decoding,
+    location,
+    read_frame,
+    rebatch,
+    shard_info,
+    wanted_parts,
+    write_parts,
+)
+from ._stream import ChecksummingWriter, SparseFile, check_crc, read_exact
+from .base import DEFAULT_BUFFER_SIZE, FileInfo, SchemaInfo, ShardFormat, ShardInfo
+
+if TYPE_CHECKING:
+    from de_store.backends import Backend
+
+MAGIC = b"PAR1"
+COMPRESSIONS = ("none", "snappy", "zstd", "lz4")
+
+
+class ParquetFormat(ShardFormat):
+    """Parquet shards.
+
+    Parameters
+    ----------
+    compression:
+        ``"none"`` (default), ``"snappy"``, ``"zstd"`` or ``"lz4"``.
+    compression_level:
+        Codec level for zstd (None: the codec's default).
+    """
+
+    name = "parquet"
+    suffix = ".parquet"
+
+    def __init__(
+        self, compression: str | None = "none", compression_level: int | None = None
+    ) -> None:
+        compression = compression or "none"
+        if compression not in COMPRESSIONS:
+            raise ValueError(
+                f"parquet compression must be one of {COMPRESSIONS}, got {compression!r}"
+            )
+        self.compression = compression
+        self.compression_level = compression_level
+
+    def _writer(self, sink: ChecksummingWriter, schema: pa.Schema) -> pq.ParquetWriter:
+        return pq.ParquetWriter(
+            sink,
+            schema,
+            compression=self.compression,
+            compression_level=self.compression_level,
+            use_dictionary=False,
+            write_statistics=["key"],
+            store_schema=True,
+        )
+
+    def write(
+        self,
+        backend: Backend,
+        path: str,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        schema_info: SchemaInfo,
+        buffer_size: int = DEFAULT_BUFFER_SIZE,
+    ) -> ShardInfo:
+        schema = schema_info.arrow_schema()
+        where = location(backend, path)
+        with backend.open_write(path) as raw:
+            sink = ChecksummingWriter(raw)
+            writer = self._writer(sink, schema)
+            sink.cut()  # the header ("PAR1") is written on open
+
+            def write_part(batch: pa.RecordBatch) -> tuple:
+                writer.write_batch(batch, row_group_size=batch.num_rows)
+                return (sink.cut(),)
+
+            try:
+                parts = write_parts(write_part, batches, schema, buffer_size, where)
+            finally:
+                writer.close()
+        files = [FileInfo(path, sink.position, sink.crc32c)]
+        return shard_info(self.name, path, schema_info, parts, files)
+
+    def read(
+        self,
+        backend: Backend,
+        path: str,
+        *,
+        buffer_size: int = DEFAULT_BUFFER_SIZE,
+        columns: Sequence[str] | None = None,
+        parts: Sequence[int] | None = None,
+        expected: ShardInfo | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        where = location(backend, path)
+        names = list(columns) if columns is not None else None
+        if expected is None:
+            batches = _read_unverified(backend, path, parts, names, buffer_size)
+        else:
+            batches = _read_verified(backend, path, parts, names, expected)
+        yield from rebatch(batches, buffer_size, columns, where)
+
+
+def _metadata(where: str, tail: bytes) -> pq.FileMetaData:
+    """Parse the footer (everything after the last row group) of a Parquet file."""
+    if tail[-4:] != MAGIC:
+        raise FormatError(f"{where} is not a Parquet file: it ends with {tail[-4:]!r}")
+    with decoding(where):
+        return pq.read_metadata(pa.py_buffer(MAGIC + tail))
+
+
+def _read_verified(
+    backend: Backend,
+    path: str,
+    parts: Sequence[int] | None,
+    columns: list[str] | None,
+    expected: ShardInfo,
+) -> Iterator[pa.RecordBatch]:
+    where = location(backend, path)
+    check_expected(expected, ParquetFormat.name, where)
+    head, tail = read_frame(backend, path, expected)
+    if head[:4] != MAGIC:
+        raise FormatError(f"{where} is not a Parquet file: it starts with {head[:4]!r}")
+    if not expected.parts:
+        return
+    metadata = _metadata(where, tail)
+    check_columns(where, metadata.schema.to_arrow_schema(), expected.schema)
+    if metadata.num_row_groups != len(expected.parts):
+        raise FormatError(
+            f"{where}: expected {len(expected.parts)} row groups, found {metadata.num_row_groups}"
+        )
+    sparse = SparseFile(expected.files[0].bytes, where)
+    sparse.put(expected.parts[-1].ranges[0].end, tail)
+    with decoding(where):
+        reader = pq.ParquetFile(sparse, metadata=metadata)
+    with backend.open_read(path) as f:
+        for i in wanted_parts(parts, len(expected.parts), where):
+            part = expected.parts[i]
+            r = part.ranges[0]
+            f.seek(r.offset)
+            data = read_exact(f, r.length, where)
+            check_crc(where, f"part {i}", r.crc32c, data)
+            sparse.put(r.offset, data)
+            with decoding(where):
+                table = reader.read_row_group(i, columns=columns, use_threads=False)
+            sparse.drop(r.offset)
+            check_rows(where, i, part.rows, table.num_rows)
+            yield from table.to_batches()
+
+
+def _read_unverified(
+    backend: Backend,
+    path: str,
+    parts: Sequence[int] | None,
+    columns: list[str] | None,
+    buffer_size: int,
+) -> Iterator[pa.RecordBatch]:
+    where = location(backend, path)
+    with backend.open_read(path) as f:
+        if f.read(4) != MAGIC:
+            raise FormatError(f"{where} is not a Parquet file: bad magic at its start")
+        f.seek(0)
+        with decoding(where):
+            reader = pq.ParquetFile(f)
+        check_columns(where, reader.schema_arrow, None)
+        groups = wanted_parts(parts, reader.num_row_groups, where)
+        with decoding(where):
+            batches = reader.iter_batches(
+                batch_size=buffer_size, row_groups=groups, columns=columns, use_threads=False
+            )
+            yield from batches

@@ -1,0 +1,247 @@
+"""Read and write TFRA 0.8.1 ``FileSystemSaver`` folders (``TFRADynamicEmbedding``).
+
+TFRA writes each table (one per device) of a variable on each rank as a pair of raw files,
+``{name}_mht_{i}of{n}_rank{r}_size{s}-keys`` and ``-values``, with ``/`` in the variable name
+replaced by ``_`` and ``i`` counting tables from 1. Keys are raw little-endian keys, values
+raw little-endian values, ``dim`` a row; nothing in the files records dim or dtypes, so the
+caller gives them. :func:`read_table` imports every table and rank of a variable;
+:func:`write_table` writes a folder TFRA restores, partitioning keys the way TFRA's default
+partitioner does (``key mod num_tables``).
+
+Example::
+
+    from de_store.formats import tfra
+    table = tfra.read_table("ckpt/TFRADynamicEmbedding", "user_emb", dim=8)
+    keys, values, _ = de_store.formats.batch_to_numpy(table)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from de_store.errors import FormatError
+
+from ._shard import location
+from ._stream import read_exact
+from .base import DEFAULT_BUFFER_SIZE, SchemaInfo, ShardInfo
+from .batches import DTYPE_KEY
+from .binary import KEYS_SUFFIX, VALUES_SUFFIX, BinaryFormat, decode_pair, numpy_dtype
+
+if TYPE_CHECKING:
+    from de_store.backends import Backend
+
+#: Sub-folder of a TF checkpoint directory where TFRA's FileSystemSaver writes.
+FOLDER = "TFRADynamicEmbedding"
+
+
+def file_prefix(name: str, table: int, num_tables: int, proc_rank: int, proc_size: int) -> str:
+    """TFRA's file name (without ``-keys``/``-values``) for table ``table`` (from 1)."""
+    return f"{name.replace('/', '_')}_mht_{table}of{num_tables}_rank{proc_rank}_size{proc_size}"
+
+
+def _open(directory: str | Backend, storage_options: Mapping[str, Any] | None) -> Backend:
+    from de_store.backends import Backend, open_backend
+
+    if isinstance(directory, Backend):
+        return directory
+    return open_backend(directory, dict(storage_options or {}))
+
+
+def find_files(backend: Backend, name: str) -> list[str]:
+    """The ``-keys`` paths of variable ``name`` on ``backend``, by rank then table.
+
+    Looks in the backend's root, or in its ``TFRADynamicEmbedding`` folder when the root
+    holds none. Raises FormatError when none are found or some table or rank is missing.
+    """
+    stem = re.escape(name.replace("/", "_"))
+    pattern = re.compile(rf"^(?:{FOLDER}/)?{stem}_mht_(\d+)of(\d+)_rank(\d+)_size(\d+)-keys$")
+    matches = [(p, m) for p in backend.list() if (m := pattern.match(p))]
+    if any("/" not in p for p, _ in matches):  # files in the root win over the sub-folder
+        matches = [(p, m) for p, m in matches if "/" not in p]
+    found: dict[tuple[int, int], str] = {}
+    layouts = set()
+    for path, match in matches:
+        i, n, rank, size = map(int, match.groups())
+        found[(rank, i)] = path
+        layouts.add((n, size))
+    where = location(backend, "")
+    if not found:
+        raise FormatError(f"no TFRA files of variable {name!r} under {where}")
+    if len(layouts) > 1:
+        raise FormatError(
+            f"TFRA files of {name!r} under {where} mix layouts (tables, ranks): {sorted(layouts)}"
+        )
+    ((n, size),) = layouts
+    missing = [
+        file_prefix(name, i, n, r, size) + KEYS_SUFFIX
+        for r in range(size)
+        for i in range(1, n + 1)
+        if (r, i) not in found
+    ]
+    if missing:
+        raise FormatError(f"TFRA variable {name!r} under {where} is incomplete: missing {missing}")
+    return [found[key] for key in sorted(found)]
+
+
+def _pair_rows(backend: Backend, keys_path: str, values_path: str, schema: SchemaInfo) -> int:
+    key_size = numpy_dtype(schema.key_dtype).itemsize
+    row_size = numpy_dtype(schema.value_dtype).itemsize * schema.dim
+    keys_bytes, values_bytes = backend.size(keys_path), backend.size(values_path)
+    rows = keys_bytes // key_size
+    if keys_bytes % key_size or values_bytes != rows * row_size:
+        raise FormatError(
+            f"TFRA files {location(backend, keys_path)} ({keys_bytes} bytes) and "
+            f"{location(backend, values_path)} ({values_bytes} bytes) do not fit "
+            f"key_dtype={schema.key_dtype} ({key_size} bytes a key), dim={schema.dim}, "
+            f"value_dtype={schema.value_dtype} ({row_size} bytes a row): expected "
+            f"{rows * row_size} value bytes for {keys_bytes / key_size:g} keys"
+        )
+    return rows
+
+
+def _read_pair(
+    backend: Backend, keys_path: str, schema: SchemaInfo, buffer_size: int
+) -> Iterator[pa.RecordBatch]:
+    values_path = keys_path[: -len(KEYS_SUFFIX)] + VALUES_SUFFIX
+    rows = _pair_rows(backend, keys_path, values_path, schema)
+    key_size = numpy_dtype(schema.key_dtype).itemsize
+    row_size = numpy_dtype(schema.value_dtype).itemsize * schema.dim
+    arrow_schema = schema.arrow_schema()
+    with backend.open_read(keys_path) as keys_f, backend.open_read(values_path) as values_f:
+        for start in range(0, rows, buffer_size):
+            count = min(buffer_size, rows - start)
+            keys = read_exact(keys_f, count * key_size, location(backend, keys_path))
+            values = read_exact(values_f, count * row_size, location(backend, values_path))
+            yield decode_pair(keys, values, arrow_schema)
+
+
+def read_batches(
+    directory: str | Backend,
+    name: str,
+    *,
+    dim: int,
+    key_dtype: str = "int64",
+    value_dtype: str = "float32",
+    storage_options: Mapping[str, Any] | None = None,
+    buffer_size: int = DEFAULT_BUFFER_SIZE,
+) -> Iterator[pa.RecordBatch]:
+    """Stream the rows of a TFRA variable as batches of at most ``buffer_size`` rows.
+
+    Same parameters as :func:`read_table`.
+    """
+    backend = _open(directory, storage_options)
+    schema = SchemaInfo(name, dim, key_dtype, value_dtype)
+    for keys_path in find_files(backend, name):
+        yield from _read_pair(backend, keys_path, schema, buffer_size)
+
+
+def read_table(
+    directory: str | Backend,
+    name: str,
+    *,
+    dim: int,
+    key_dtype: str = "int64",
+    value_dtype: str = "float32",
+    storage_options: Mapping[str, Any] | None = None,
+) -> pa.Table:
+    """Import every table and rank of TFRA variable ``name`` as one table.
+
+    Parameters
+    ----------
+    directory:
+        URL (or Backend) of a ``TFRADynamicEmbedding`` folder, or of the checkpoint folder
+        holding one.
+    name:
+        The variable's name as given to ``de.get_variable`` (``/`` becomes ``_``).
+    dim, key_dtype, value_dtype:
+        What the variable was created with; TFRA's files do not record them.
+    storage_options:
+        Passed to fsspec (credentials, endpoint, ...).
+
+    Returns
+    -------
+    pyarrow.Table
+        Columns ``key`` and ``value`` (``fixed_size_list[dim]``), rank by rank, table by
+        table, in file order.
+
+    Raises
+    ------
+    FormatError
+        No files, a missing table or rank, or a file pair whose sizes do not fit ``dim``
+        and the dtypes (the message names both files and their sizes).
+    """
+    schema = SchemaInfo(name, dim, key_dtype, value_dtype).arrow_schema()
+    batches = read_batches(
+        directory,
+        name,
+        dim=dim,
+        key_dtype=key_dtype,
+        value_dtype=value_dtype,
+        storage_options=storage_options,
+    )
+    return pa.Table.from_batches(list(batches), schema=schema)
+
+
+def _schema_of(name: str, table: pa.Table) -> SchemaInfo:
+    key_type, value_field = table.schema.field("key").type, table.schema.field("value")
+    if not pa.types.is_fixed_size_list(value_field.type):
+        raise FormatError(
+            f"column 'value' of {name!r} must be fixed_size_list, found {value_field.type}"
+        )
+    logical = (value_field.metadata or {}).get(DTYPE_KEY)
+    value_dtype = (
+        logical.decode() if logical else str(value_field.type.value_type.to_pandas_dtype().__name__)
+    )
+    key_dtype = str(np.dtype(key_type.to_pandas_dtype()).name)
+    return SchemaInfo(name, value_field.type.list_size, key_dtype, value_dtype)
+
+
+def write_table(
+    directory: str | Backend,
+    name: str,
+    table: pa.Table | pa.RecordBatch,
+    *,
+    num_tables: int = 1,
+    proc_rank: int = 0,
+    proc_size: int = 1,
+    storage_options: Mapping[str, Any] | None = None,
+    buffer_size: int = DEFAULT_BUFFER_SIZE,
+) -> list[ShardInfo]:
+    """Write ``table`` (columns ``key``, ``value``) as TFRA 0.8.1 would save it.
+
+    Row ``k`` goes to table ``key mod num_tables`` (TFRA's default partitioner), keeping
+    the input order within each table. Point ``directory`` at the checkpoint's
+    ``TFRADynamicEmbedding`` folder.
+
+    Returns
+    -------
+    list of ShardInfo
+        One per table, in table order, with the files' sizes and crc32c.
+    """
+    if not 0 <= proc_rank < proc_size or num_tables < 1:
+        raise ValueError(
+            "need 0 <= proc_rank < proc_size and num_tables >= 1, got "
+            f"proc_rank={proc_rank}, proc_size={proc_size}, num_tables={num_tables}"
+        )
+    backend = _open(directory, storage_options)
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    table = table.select(["key", "value"])
+    schema = _schema_of(name, table)
+    table = table.cast(schema.arrow_schema())
+    buckets = np.mod(table.column("key").to_numpy(), num_tables)  # floored, as TF's
+    infos = []
+    for i in range(num_tables):
+        rows = table if num_tables == 1 else table.filter(pa.array(buckets == i))
+        prefix = file_prefix(name, i + 1, num_tables, proc_rank, proc_size)
+        infos.append(
+            BinaryFormat().write(
+                backend, prefix, rows.to_batches(), schema_info=schema, buffer_size=buffer_size
+            )
+        )
+    return infos
