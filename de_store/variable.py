@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from de_store.errors import VariableError
 from de_store.partition import Partitioner, default_partition_fn, split_by_shard, stitch_shards
-from de_store.tables.base import TableCore
+
+if TYPE_CHECKING:  # importing de_store.tables creates TF constants, which fixes the devices
+    from de_store.tables.base import TableCore
 
 _INT_KEYS = (tf.int32, tf.int64)
 _REGISTRY: weakref.WeakValueDictionary[str, Variable] = weakref.WeakValueDictionary()
