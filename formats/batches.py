@@ -86,14 +86,18 @@ def _dtype_name(array: np.ndarray) -> str:
     return str(array.dtype.name)
 
 
-def _column(array: np.ndarray, width_expected: bool) -> pa.Array:
-    """A numpy column ([n] or [n, w]) as an Arrow array, zero-copy for contiguous input."""
-    if _dtype_name(array) == "bfloat16":
+def _column(name: str, array: np.ndarray, with_width: bool) -> tuple[pa.Field, pa.Array]:
+    """A numpy column ([n] or [n, w]) as an Arrow field and array, zero-copy if contiguous."""
+    dtype = _dtype_name(array)
+    if dtype == "bfloat16":
         array = array.view(np.uint16)
-    if not width_expected:
-        return pa.array(array)
-    flat = np.ascontiguousarray(array).reshape(-1)
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat), array.shape[1])
+    if with_width:
+        flat = np.ascontiguousarray(array).reshape(-1)
+        column: pa.Array = pa.FixedSizeListArray.from_arrays(pa.array(flat), array.shape[1])
+    else:
+        column = pa.array(array, type=pa.string() if dtype == "string" else None)
+    field = pa.field(name, column.type, nullable=False, metadata={DTYPE_KEY: dtype.encode()})
+    return field, column
 
 
 def batch_from_numpy(
@@ -107,6 +111,7 @@ def batch_from_numpy(
 
     Numeric arrays that are C-contiguous are wrapped without copying. An extra column of
     shape ``[n, w]`` becomes a ``fixed_size_list`` column, one of shape ``[n]`` a scalar one.
+    Every field's metadata records its logical dtype (``de_store.dtype``).
 
     Parameters
     ----------
@@ -123,16 +128,15 @@ def batch_from_numpy(
         raise ValueError(
             f"values must be [n, dim] with n = len(keys) = {len(keys)}, got {values.shape}"
         )
-    names = ["key", "value"]
-    arrays = [_column(keys, False), _column(values, True)]
+    columns = [_column("key", keys, False), _column("value", values, True)]
     for name, array in (extras or {}).items():
         if len(array) != len(keys):
             raise ValueError(f"extra column {name!r} has {len(array)} rows, keys have {len(keys)}")
-        names.append(name)
-        arrays.append(_column(array, array.ndim == 2))
-    if schema is not None:
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+        columns.append(_column(name, array, array.ndim == 2))
+    arrays = [array for _, array in columns]
+    if schema is None:
+        schema = pa.schema([field for field, _ in columns])
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def column_to_numpy(array: pa.Array, field: pa.Field) -> np.ndarray:

@@ -1,0 +1,133 @@
+"""Corrupt, truncated and foreign files raise clear errors, never garbage rows."""
+
+from __future__ import annotations
+
+import os
+
+import google_crc32c
+import numpy as np
+import pytest
+from formats_testdata import make_keys, make_values
+
+from de_store.errors import ChecksumError, FormatError
+from de_store.formats import SchemaInfo, batch_from_numpy, get_format
+from de_store.formats._stream import crc32c_combine
+
+FORMATS = ["parquet", "arrow", "binary"]
+
+
+@pytest.fixture
+def backend(local_location):
+    return local_location.open()
+
+
+def write(backend, fmt_name, n=256, buffer_size=64):
+    f = get_format(fmt_name)
+    batch = batch_from_numpy(make_keys(n, "int64"), make_values(n, 4, "float32"))
+    info = f.write(
+        backend, "v/s" + f.suffix, [batch], schema_info=SchemaInfo("v", 4), buffer_size=buffer_size
+    )
+    return f, info
+
+
+def flip_byte(backend, path, offset):
+    full = backend.local_path(path)
+    with open(full, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_recorded_crc32c_is_the_files_crc32c(backend):
+    for name in FORMATS:
+        _, info = write(backend, name)
+        for file in info.files:
+            assert file.crc32c == google_crc32c.value(backend.read_bytes(file.path))
+            assert file.bytes == backend.size(file.path)
+            for part in info.parts:
+                r = part.ranges[info.files.index(file)]
+                data = backend.read_range(file.path, r.offset, r.end)
+                assert r.crc32c == google_crc32c.value(data)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("where", ["part", "header", "footer"])
+def test_flipped_bit_raises_checksum_error_naming_the_file(backend, fmt, where):
+    f, info = write(backend, fmt)
+    file = info.files[-1]
+    r = info.parts[2].ranges[-1]
+    offset = {"part": r.offset + r.length // 2, "header": 0, "footer": file.bytes - 1}[where]
+    if fmt == "binary" and where != "part":
+        offset = 3 if where == "header" else file.bytes - 1  # no header: first/last part
+    flip_byte(backend, file.path, offset)
+    with pytest.raises(ChecksumError, match=rf"crc32c mismatch in .*{file.path}: expected 0x"):
+        list(f.read(backend, info.path, expected=info))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_part_read_verifies_header_footer_and_its_parts(backend, fmt):
+    f, info = write(backend, fmt)
+    r = info.parts[1].ranges[0]
+    flip_byte(backend, info.path, r.offset + 10)
+    assert len(list(f.read(backend, info.path, expected=info, parts=[0, 3]))) == 2
+    with pytest.raises(ChecksumError, match=r"crc32c mismatch in part 1 of .*v/s"):
+        list(f.read(backend, info.path, expected=info, parts=[1]))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_truncated_file_raises_format_error(backend, fmt):
+    f, info = write(backend, fmt)
+    file = info.files[0]
+    os.truncate(backend.local_path(file.path), file.bytes - 100)
+    with pytest.raises(
+        FormatError,
+        match=rf"{file.path} is truncated or was modified: "
+        rf"expected {file.bytes} bytes, found {file.bytes - 100}",
+    ):
+        list(f.read(backend, info.path, expected=info))
+    if fmt != "binary":
+        with pytest.raises(FormatError, match=rf"{file.path}"):
+            list(f.read(backend, info.path))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_foreign_file_raises_format_error(backend, fmt):
+    f = get_format(fmt)
+    backend.write_bytes("foreign" + f.suffix, b"definitely not a shard, just some text" * 10)
+    kind = {"parquet": "Parquet", "arrow": "Arrow IPC"}[fmt]
+    with pytest.raises(FormatError, match=rf"foreign{f.suffix} is not an? {kind} file"):
+        list(f.read(backend, "foreign" + f.suffix))
+
+
+@pytest.mark.parametrize(("written", "read_as"), [("parquet", "arrow"), ("arrow", "parquet")])
+def test_shard_of_another_format_raises_format_error(backend, written, read_as):
+    _, info = write(backend, written)
+    with pytest.raises(FormatError, match=r"is not an? (Parquet|Arrow IPC) file"):
+        list(get_format(read_as).read(backend, info.path))
+    with pytest.raises(
+        FormatError, match=rf"expected describes a '{written}' shard, read as '{read_as}'"
+    ):
+        list(get_format(read_as).read(backend, info.path, expected=info))
+
+
+def test_parquet_without_de_store_columns_is_refused(backend):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": [1, 2]}), sink)
+    backend.write_bytes("other.parquet", sink.getvalue().to_pybytes())
+    with pytest.raises(
+        FormatError,
+        match=r"other.parquet is not a de_store shard: no 'key' and 'value' columns in \['id'\]",
+    ):
+        list(get_format("parquet").read(backend, "other.parquet"))
+
+
+def test_crc32c_combine_matches_crc_of_concatenation():
+    rng = np.random.default_rng(0)
+    for la, lb in [(0, 0), (1, 7), (1000, 1), (4096, 123457), (10, 0)]:
+        a, b = rng.bytes(la), rng.bytes(lb)
+        combined = crc32c_combine(google_crc32c.value(a), google_crc32c.value(b), lb)
+        assert combined == google_crc32c.value(a + b)
