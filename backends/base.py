@@ -135,6 +135,10 @@ class Backend(abc.ABC):
         Raises :class:`de_store.errors.AlreadyExistsError` when it exists.
         """
 
+    @abc.abstractmethod
+    def sub(self, path: str) -> Backend:
+        """A backend rooted at ``path`` under this one, sharing its filesystem and stats."""
+
     # --- defaults built on the primitives --------------------------------------------
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` in one go."""

@@ -97,6 +97,11 @@ class FsspecBackend(Backend):
             url = url.rstrip("/") + "/" + root.strip("/")
         return cls(fs, path, url=url)
 
+    def sub(self, path: str) -> FsspecBackend:
+        child = type(self)(self.fs, self._full(path), url=self._where(path))
+        child.stats = self.stats
+        return child
+
     # --- paths and errors -------------------------------------------------------------
     def _full(self, path: str) -> str:
         parts = [p for p in path.split("/") if p not in ("", ".")]

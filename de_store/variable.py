@@ -315,10 +315,21 @@ class Variable(tf.Module):
             )
         self.restrict_policy.apply_restriction(num_reserved, trigger)
 
+    @property
+    def saver(self) -> Any:
+        """The saver given through ``kv_creator`` (None: TF's own bundle holds the tables)."""
+        return self.kv_creator.saver
+
     def _trackable_children(self, save_type: Any = "checkpoint", **kwargs: Any) -> Any:
-        if not self.checkpoint:
+        # With a saver the tables go through it (de_store.saver.tf_hook), not TF's bundle.
+        if not self.checkpoint or (self.saver is not None and save_type == "checkpoint"):
             return {}
         return super()._trackable_children(save_type, **kwargs)
+
+    def _copy_trackable_to_cpu(self, object_map: Any) -> None:
+        from de_store.saver import tf_hook
+
+        tf_hook.copy_to_cpu(self, object_map)
 
 
 def _export_shard(shard: TableCore) -> tuple[tf.Tensor, tf.Tensor]:

@@ -1,0 +1,139 @@
+"""Between Variables and numpy rows: what the saver writes and what a restore applies.
+
+A :class:`VariableRows` holds, per table shard, the keys and every per-key column: the
+``value`` rows and the companions' rows (optimizer slots, restrict status) for the same keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from de_store.errors import CheckpointError
+from de_store.saver.manifest import ColumnSpec, VariableEntry
+
+VALUE_COLUMN = "value"
+
+
+@dataclasses.dataclass
+class ShardRows:
+    """The rows of one table shard: ``keys [n]`` and ``columns[name] [n, dim]``."""
+
+    keys: np.ndarray
+    columns: dict[str, np.ndarray]
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys)
+
+
+@dataclasses.dataclass
+class VariableRows:
+    """A variable's rows over its local shards, with the dtypes and columns to save."""
+
+    name: str
+    key_dtype: str
+    value_dtype: str
+    dim: int
+    columns: dict[str, ColumnSpec]
+    shards: list[ShardRows]
+
+
+def column_specs(variable: Any) -> dict[str, ColumnSpec]:
+    """``value`` and each companion column of ``variable``, with dtype and dim."""
+    specs = {VALUE_COLUMN: ColumnSpec(variable.value_dtype.name, variable.dim)}
+    for column, companion in sorted(variable.companions().items()):
+        specs[column] = ColumnSpec(companion.value_dtype.name, companion.dim)
+    return specs
+
+
+def export_shard_tensors(variable: Any, index: int) -> list[tf.Tensor]:
+    """``[keys, values, companion columns...]`` of shard ``index`` as one consistent read.
+
+    Made only of TF ops, so it can run inside a ``tf.function`` (the async snapshot).
+    """
+    shard = variable.shards[index]
+    with tf.device(variable.devices[index]):
+        export_all = getattr(shard, "export_all", None)
+        if export_all is not None:
+            keys, values = export_all()
+        else:
+            keys, values = _concat_export(shard)
+        tensors = [keys, values]
+        for _, companion in sorted(variable.companions().items()):
+            rows, _ = companion.shards[index].lookup(keys)
+            tensors.append(rows)
+    return tensors
+
+
+def _concat_export(shard: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    batches = list(shard.export(1 << 22))
+    if not batches:
+        return tf.zeros([0], shard.key_dtype), tf.zeros([0, shard.dim], shard.value_dtype)
+    return tf.concat([k for k, _ in batches], 0), tf.concat([v for _, v in batches], 0)
+
+
+def rows_from_tensors(
+    variable: Any, specs: dict[str, ColumnSpec], per_shard: Sequence[Sequence[Any]]
+) -> VariableRows:
+    """Package exported ``[keys, values, companions...]`` per shard as numpy rows."""
+    names = list(specs)
+    shards = []
+    for tensors in per_shard:
+        arrays = [t.numpy() if hasattr(t, "numpy") else np.asarray(t) for t in tensors]
+        shards.append(ShardRows(arrays[0], dict(zip(names, arrays[1:], strict=True))))
+    return VariableRows(
+        name=variable.name,
+        key_dtype=variable.key_dtype.name,
+        value_dtype=variable.value_dtype.name,
+        dim=variable.dim,
+        columns=specs,
+        shards=shards,
+    )
+
+
+def export_rows(variable: Any) -> VariableRows:
+    """Read a variable's shards eagerly (the synchronous save)."""
+    per_shard = [export_shard_tensors(variable, i) for i in range(len(variable.shards))]
+    return rows_from_tensors(variable, column_specs(variable), per_shard)
+
+
+def check_compatible(variable: Any, entry: VariableEntry, where: str) -> None:
+    """Raise ``CheckpointError`` if the saved variable cannot be restored into ``variable``."""
+    mine = (variable.key_dtype.name, variable.value_dtype.name, variable.dim)
+    saved = (entry.key_dtype, entry.value_dtype, entry.dim)
+    if mine != saved:
+        raise CheckpointError(
+            f"variable {variable.name!r}: checkpoint {where} holds (key_dtype, value_dtype, "
+            f"dim) = {saved}, the variable expects {mine}"
+        )
+    for column, spec in entry.columns.items():
+        companion = variable.companions().get(column)
+        if companion is not None and (companion.value_dtype.name, companion.dim) != (
+            spec.dtype,
+            spec.dim,
+        ):
+            raise CheckpointError(
+                f"variable {variable.name!r}: column {column!r} in {where} is "
+                f"({spec.dtype}, dim {spec.dim}), the variable's companion is "
+                f"({companion.value_dtype.name}, dim {companion.dim})"
+            )
+
+
+def apply_rows(variable: Any, specs: dict[str, ColumnSpec], batches: Iterable[ShardRows]) -> None:
+    """Replace the variable's content (and companions') with the restored rows."""
+    variable.clear()
+    targets = {VALUE_COLUMN: variable}
+    for column, spec in specs.items():
+        if column != VALUE_COLUMN:
+            targets[column] = variable.companion(column, spec.dim, tf.as_dtype(spec.dtype))
+    for batch in batches:
+        if not batch.rows:
+            continue
+        keys = tf.constant(batch.keys)
+        for column, target in targets.items():
+            target.upsert(keys, tf.constant(batch.columns[column]))

@@ -1,0 +1,171 @@
+"""Shard files: rows grouped by key bucket on write; only the needed buckets on read.
+
+Rows of a shard are ordered by ``bucket = floormod(hash(key), num_buckets)`` (``hash`` is the
+key itself for integers and TF's fast string fingerprint for strings, the hash of
+``default_partition_fn``), and each bucket is written as its own part(s). ``num_buckets``
+is a highly composite number, so for the usual process counts ``M`` (dividing it) rank
+``r`` of ``M`` needs exactly the buckets ``b`` with ``b mod M == r``.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import tensorflow as tf
+
+from de_store.backends.base import Backend
+from de_store.formats import get_format
+from de_store.formats.base import ExtraColumn, SchemaInfo, ShardInfo
+from de_store.formats.batches import batch_from_numpy, batch_to_numpy
+from de_store.saver.manifest import ShardRecord, VariableEntry
+from de_store.saver.rows import VALUE_COLUMN, ShardRows, VariableRows
+
+#: Candidate bucket counts, largest first; each divides the next larger one.
+_BUCKET_COUNTS = (5040, 2520, 840, 360, 120, 60, 12, 6, 2, 1)
+#: Fewest rows a bucket should hold on average before a larger count is chosen.
+MIN_ROWS_PER_BUCKET = 2048
+
+
+def choose_num_buckets(rows: int) -> int:
+    """The largest candidate count that leaves buckets of MIN_ROWS_PER_BUCKET rows or more."""
+    for count in _BUCKET_COUNTS:
+        if rows >= count * MIN_ROWS_PER_BUCKET:
+            return count
+    return 1
+
+
+def key_hash_mod(keys: np.ndarray, modulus: int, key_dtype: str) -> np.ndarray:
+    """``floormod(hash(key), modulus)`` as int64, the same hash as ``default_partition_fn``."""
+    if key_dtype == "string":
+        return tf.strings.to_hash_bucket_fast(keys, modulus).numpy()
+    return np.mod(keys.astype(np.int64, copy=False), modulus)
+
+
+def schema_info(rows: VariableRows, shard_id: int) -> SchemaInfo:
+    extras = tuple(
+        ExtraColumn(name, spec.dtype, spec.dim)
+        for name, spec in rows.columns.items()
+        if name != VALUE_COLUMN
+    )
+    return SchemaInfo(
+        name=rows.name,
+        dim=rows.dim,
+        key_dtype=rows.key_dtype,
+        value_dtype=rows.value_dtype,
+        shard_id=shard_id,
+        extras=extras,
+    )
+
+
+def _bucketed_batches(
+    shard: ShardRows,
+    buckets: np.ndarray,
+    num_buckets: int,
+    schema: pa.Schema,
+    buffer_size: int,
+    out: list[int],
+) -> Iterator[pa.RecordBatch]:
+    """Batches of one bucket each, at most ``buffer_size`` rows; ``out`` gets their buckets."""
+    order = np.argsort(buckets, kind="stable")
+    counts = np.bincount(buckets, minlength=num_buckets)
+    ends = np.cumsum(counts)
+    for bucket in np.flatnonzero(counts):
+        bucket_end = int(ends[bucket])
+        for start in range(bucket_end - int(counts[bucket]), bucket_end, buffer_size):
+            index = order[start : min(start + buffer_size, bucket_end)]
+            extras = {n: c[index] for n, c in shard.columns.items() if n != VALUE_COLUMN}
+            out.append(int(bucket))
+            yield batch_from_numpy(
+                shard.keys[index], shard.columns[VALUE_COLUMN][index], extras, schema=schema
+            )
+
+
+def _string_keys(keys: np.ndarray) -> np.ndarray:
+    if keys.dtype == object and len(keys) and isinstance(keys[0], bytes):
+        return np.asarray(pa.array(keys, pa.binary()).cast(pa.string()).to_numpy(False))
+    return keys
+
+
+def write_shard(
+    backend: Backend,
+    rows: VariableRows,
+    shard_index: int,
+    *,
+    rank: int,
+    global_shard: int,
+    format_name: str,
+    buffer_size: int,
+) -> ShardRecord:
+    """Write one table shard as one file of bucket-ordered parts; return its record."""
+    shard = rows.shards[shard_index]
+    if rows.key_dtype == "string":
+        shard = ShardRows(_string_keys(shard.keys), shard.columns)
+    fmt = get_format(format_name)
+    info = schema_info(rows, global_shard)
+    num_buckets = choose_num_buckets(shard.rows)
+    buckets = key_hash_mod(shard.keys, num_buckets, rows.key_dtype)
+    # a per-save unique suffix: a rewrite never overwrites a committed generation's files
+    name = f"r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}{fmt.suffix}"
+    path = f"{_variable_dir(rows.name)}/{name}"
+    part_buckets: list[int] = []
+    batches = _bucketed_batches(
+        shard, buckets, num_buckets, info.arrow_schema(), buffer_size, part_buckets
+    )
+    shard_info = fmt.write(backend, path, batches, schema_info=info, buffer_size=buffer_size)
+    if len(part_buckets) != len(shard_info.parts):
+        raise AssertionError(f"{path}: {len(shard_info.parts)} parts, {len(part_buckets)} batches")
+    return ShardRecord(
+        rank=rank,
+        shard=global_shard,
+        info=shard_info.to_dict(),
+        num_buckets=num_buckets,
+        part_buckets=part_buckets,
+    )
+
+
+def _variable_dir(name: str) -> str:
+    return name.replace("/", "__")
+
+
+def entry_for(rows: VariableRows, records: list[ShardRecord], format_name: str) -> VariableEntry:
+    return VariableEntry(
+        name=rows.name,
+        key_dtype=rows.key_dtype,
+        value_dtype=rows.value_dtype,
+        dim=rows.dim,
+        columns=dict(rows.columns),
+        format=format_name,
+        shard_count=len(records),
+        shards=records,
+    )
+
+
+# --- reading ----------------------------------------------------------------------------
+def parts_for_rank(record: ShardRecord, proc_rank: int, proc_size: int) -> list[int]:
+    """Indices of the parts of ``record`` that may hold keys of rank ``proc_rank``."""
+    step = math.gcd(record.num_buckets, proc_size)
+    wanted = proc_rank % step
+    return [i for i, b in enumerate(record.part_buckets) if b % step == wanted]
+
+
+def read_shard_rows(
+    folder: Backend, record: ShardRecord, parts: list[int], *, buffer_size: int
+) -> Iterator[ShardRows]:
+    """Read ``parts`` of one shard file under ``folder`` (checksums verified) as numpy rows."""
+    info = ShardInfo.from_dict(record.info)
+    fmt = get_format(info.format)
+    for batch in fmt.read(folder, info.path, buffer_size=buffer_size, parts=parts, expected=info):
+        keys, values, extras = batch_to_numpy(batch)
+        yield ShardRows(keys, {VALUE_COLUMN: values, **extras})
+
+
+def select_rank_rows(rows: ShardRows, key_dtype: str, proc_rank: int, proc_size: int) -> ShardRows:
+    """Keep only the rows whose key belongs to rank ``proc_rank`` of ``proc_size``."""
+    if proc_size == 1:
+        return rows
+    keep = key_hash_mod(rows.keys, proc_size, key_dtype) == proc_rank
+    return ShardRows(rows.keys[keep], {n: c[keep] for n, c in rows.columns.items()})

@@ -1,0 +1,173 @@
+"""The bridge to TensorFlow's checkpointing: a registered checkpoint saver.
+
+``tf.train.Checkpoint``, ``CheckpointManager`` and ``tf.saved_model`` call :func:`_save_fn`
+for every Variable that has a ``FileSystemSaver``; it writes the tables as a KV checkpoint
+(:mod:`de_store.saver.core`) and puts only the KV checkpoint's URL into TF's bundle, where
+:func:`_restore_fn` finds it again.
+
+Async checkpoints (``CheckpointOptions(enable_async=True)``): TF first calls each object's
+``_copy_trackable_to_cpu`` in the main thread (traced once into a ``tf.function``), then
+saves the copies in a background thread. The copy is a :class:`VariableSnapshot`; its
+capture runs in a ``tf.py_function``, so every save replays it and reads the tables as they
+are at ``save()`` time, while training goes on.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.ops import io_ops
+from tensorflow.python.saved_model import registration
+from tensorflow.python.trackable import base as trackable_base
+
+from de_store.saver import core, gc
+from de_store.saver.rows import VariableRows, export_rows
+
+PACKAGE, NAME = "de_store", "DynamicEmbedding"
+_SUFFIX = f"-{PACKAGE}.{NAME}"
+_URL_TENSOR = "de_store_kv_url"
+_RELATIVE = "relative:"
+
+
+class VariableSnapshot(trackable_base.Trackable):
+    """A variable's rows as of the last ``capture()`` (the async checkpoint's copy)."""
+
+    def __init__(self, variable: Any) -> None:
+        self.variable = variable
+        self.rows: VariableRows | None = None
+
+    def capture(self) -> None:
+        """Read the tables now; inside a ``tf.function`` this runs at every call."""
+        if tf.executing_eagerly():
+            self.rows = export_rows(self.variable)
+            return
+        tf.py_function(self._capture_eagerly, [], Tout=[])
+
+    def _capture_eagerly(self) -> list[Any]:
+        self.rows = export_rows(self.variable)
+        return []
+
+
+def saver_of(obj: Any) -> Any:
+    """The FileSystemSaver of a Variable (or of a snapshot's Variable), or None."""
+    variable = obj.variable if isinstance(obj, VariableSnapshot) else obj
+    creator = getattr(variable, "kv_creator", None)
+    return getattr(creator, "saver", None)
+
+
+def copy_to_cpu(variable: Any, object_map: Any) -> None:
+    """``Variable._copy_trackable_to_cpu``: snapshot the tables for an async save."""
+    if saver_of(variable) is None:
+        return
+    if variable not in object_map:
+        object_map[variable] = VariableSnapshot(variable)
+    object_map[variable].capture()
+
+
+def _is_ours(obj: Any) -> bool:
+    from de_store.variable import Variable
+
+    return isinstance(obj, (Variable, VariableSnapshot)) and saver_of(obj) is not None
+
+
+# --- save -------------------------------------------------------------------------------
+def _save_fn(trackables: Mapping[str, Any], file_prefix: tf.Tensor) -> tf.Tensor:
+    names = sorted(trackables)
+
+    def save(prefix: tf.Tensor) -> tf.Tensor:
+        return tf.constant(_save_eagerly(trackables, names, _tf_prefix(prefix)))
+
+    urls = save(file_prefix) if tf.executing_eagerly() else tf.py_function(
+        save, [file_prefix], Tout=tf.string
+    )
+    tensor_names = [f"{name}/{_URL_TENSOR}" for name in names]
+    with tf.device("CPU:0"):
+        io_ops.save_v2(
+            file_prefix, tensor_names, [""] * len(names), [urls[i] for i in range(len(names))]
+        )
+    return file_prefix
+
+
+def _tf_prefix(file_prefix: tf.Tensor) -> str:
+    prefix = file_prefix.numpy().decode()
+    return prefix[: -len(_SUFFIX)] if prefix.endswith(_SUFFIX) else prefix
+
+
+def _save_eagerly(trackables: Mapping[str, Any], names: list[str], prefix: str) -> list[str]:
+    """Save every variable into its saver's KV checkpoint; return the URL stored per name."""
+    groups: dict[str, list[Any]] = {}
+    for name in names:
+        obj = trackables[name]
+        groups.setdefault(saver_of(obj).kv_url(prefix), []).append(obj)
+    for url, objs in groups.items():
+        saver = saver_of(objs[0])
+        rows = [_rows_of(obj) for obj in objs]
+        backend, folder = core.open_location(url, saver.storage_options)
+        core.save_checkpoint(
+            rows,
+            backend,
+            folder,
+            saver.topology,
+            saver.options,
+            barrier=saver.barrier,
+            metadata={"tf_prefix": prefix},
+        )
+        if saver.topology.is_chief:
+            gc.remove_orphans(backend, keep=folder)
+    head = posixpath.dirname(prefix)
+    return [_stored_url(saver_of(trackables[n]).kv_url(prefix), head) for n in names]
+
+
+def _rows_of(obj: Any) -> VariableRows:
+    if isinstance(obj, VariableSnapshot):
+        if obj.rows is None:
+            raise RuntimeError(f"variable {obj.variable.name!r}: async snapshot was not taken")
+        return obj.rows
+    return export_rows(obj)
+
+
+def _stored_url(url: str, head: str) -> str:
+    """KV URLs beside the TF checkpoint are stored relative, so the folder can move."""
+    if head and url.startswith(head + "/"):
+        return _RELATIVE + url[len(head) + 1 :]
+    return url
+
+
+# --- restore ----------------------------------------------------------------------------
+def _restore_fn(trackables: Mapping[str, Any], merged_prefix: tf.Tensor) -> None:
+    def restore(prefix: tf.Tensor) -> list[Any]:
+        _restore_eagerly(trackables, prefix.numpy().decode())
+        return []
+
+    if tf.executing_eagerly():
+        restore(merged_prefix)
+    else:
+        tf.py_function(restore, [merged_prefix], Tout=[])
+
+
+def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
+    reader = tf.train.load_checkpoint(prefix)
+    head = posixpath.dirname(prefix)
+    groups: dict[str, list[Any]] = {}
+    for name, variable in sorted(trackables.items()):
+        stored = reader.get_tensor(f"{name}/{_URL_TENSOR}").decode()
+        url = posixpath.join(head, stored[len(_RELATIVE) :]) if stored.startswith(
+            _RELATIVE
+        ) else stored
+        groups.setdefault(url, []).append(variable)
+    for url, variables in groups.items():
+        saver = saver_of(variables[0])
+        backend, folder = core.open_location(url, saver.storage_options)
+        core.restore_checkpoint(variables, backend, folder, saver.topology, saver.options)
+
+
+registration.register_checkpoint_saver(
+    package=PACKAGE,
+    name=NAME,
+    predicate=_is_ours,
+    save_fn=_save_fn,
+    restore_fn=_restore_fn,
+)
