@@ -8,6 +8,7 @@ from typing import Any
 from de_store.embedding import TrainableWrapper, embedding_lookup
 from de_store.partition import default_partition_fn
 from de_store.restrict import FrequencyRestrictPolicy, RestrictPolicy, TimestampRestrictPolicy
+from de_store.saver import FileSystemSaver, SaveHandle, restore, save
 from de_store.variable import HashTableCreator, Variable, get_variable
 
 _LAZY_SUBMODULES = ("keras", "optimizers")  # import keras only when asked for
@@ -20,6 +21,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "FileSystemSaver",
+    "SaveHandle",
+    "restore",
+    "save",
     "FrequencyRestrictPolicy",
     "HashTableCreator",
     "RestrictPolicy",

@@ -25,9 +25,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tensorflow as tf
 
-from de_store.testing import servers
-from de_store.testing.servers import StorageLocation
+# Four logical CPUs for multi-shard tests. It must happen before TensorFlow initializes its
+# devices, which any earlier test module's first op would do: hence here, at import.
+_CPU = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 4)
+
+from de_store.testing import servers  # noqa: E402
+from de_store.testing.servers import StorageLocation  # noqa: E402
 
 BUCKET = "de-store-test"
 BACKEND_NAMES = ["local", "memory", "s3", "gcs"]

@@ -80,8 +80,10 @@ def _save_fn(trackables: Mapping[str, Any], file_prefix: tf.Tensor) -> tf.Tensor
     def save(prefix: tf.Tensor) -> tf.Tensor:
         return tf.constant(_save_eagerly(trackables, names, _tf_prefix(prefix)))
 
-    urls = save(file_prefix) if tf.executing_eagerly() else tf.py_function(
-        save, [file_prefix], Tout=tf.string
+    urls = (
+        save(file_prefix)
+        if tf.executing_eagerly()
+        else tf.py_function(save, [file_prefix], Tout=tf.string)
     )
     tensor_names = [f"{name}/{_URL_TENSOR}" for name in names]
     with tf.device("CPU:0"):
@@ -154,9 +156,11 @@ def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
     groups: dict[str, list[Any]] = {}
     for name, variable in sorted(trackables.items()):
         stored = reader.get_tensor(f"{name}/{_URL_TENSOR}").decode()
-        url = posixpath.join(head, stored[len(_RELATIVE) :]) if stored.startswith(
-            _RELATIVE
-        ) else stored
+        url = (
+            posixpath.join(head, stored[len(_RELATIVE) :])
+            if stored.startswith(_RELATIVE)
+            else stored
+        )
         groups.setdefault(url, []).append(variable)
     for url, variables in groups.items():
         saver = saver_of(variables[0])

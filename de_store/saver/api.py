@@ -1,0 +1,133 @@
+"""Saving and restoring variables without ``tf.train.Checkpoint``.
+
+>>> handle = de_store.save([user_emb, item_emb], "s3://bucket/run1/step-100")
+>>> ...                     # training goes on while the shards are written
+>>> handle.result()         # the committed URL, or the save's error
+>>> de_store.restore([user_emb, item_emb], "s3://bucket/run1/step-100")
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from de_store.saver import core
+from de_store.saver.filesystem_saver import FileSystemSaver
+from de_store.saver.manifest import Manifest
+from de_store.saver.rows import export_rows
+
+_EXECUTOR_LOCK = threading.Lock()
+_EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    """One background writer: saves run one after another, in the order they were made."""
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = concurrent.futures.ThreadPoolExecutor(1, "de_store-save")
+        return _EXECUTOR
+
+
+class SaveHandle:
+    """A save in progress: the snapshot is taken, writing and commit go on in the background."""
+
+    def __init__(self, url: str, future: concurrent.futures.Future[str]) -> None:
+        self.url = url
+        self._future = future
+
+    def done(self) -> bool:
+        """Whether the save has finished (committed or failed)."""
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> str:
+        """Wait for the commit and return the URL; re-raise the save's error if it failed."""
+        return self._future.result(timeout)
+
+    def add_done_callback(self, callback: Callable[[str], Any]) -> None:
+        """Call ``callback(url)`` once the checkpoint is committed (not on failure)."""
+
+        def call(future: concurrent.futures.Future[str]) -> None:
+            if future.exception() is None:
+                callback(future.result())
+
+        self._future.add_done_callback(call)
+
+
+def _saver_for(saver: FileSystemSaver | None, kwargs: dict[str, Any]) -> FileSystemSaver:
+    if saver is not None and kwargs:
+        raise ValueError(f"give either saver= or saver options, not both: got {sorted(kwargs)}")
+    return saver or FileSystemSaver(**kwargs)
+
+
+def save(
+    variables: Sequence[Any],
+    url: str,
+    *,
+    saver: FileSystemSaver | None = None,
+    blocking: bool = False,
+    metadata: dict[str, Any] | None = None,
+    **saver_options: Any,
+) -> SaveHandle:
+    """Save ``variables`` as the KV checkpoint ``url``.
+
+    The tables are read before this returns (a consistent snapshot); shards are written,
+    ranks meet at the barrier and rank 0 commits in a background thread.
+
+    Parameters
+    ----------
+    variables:
+        The ``de_store.Variable`` objects to save (with their optimizer slots and status).
+    url:
+        Folder of the checkpoint; any fsspec URL. Must not hold a checkpoint yet, unless
+        it is to be replaced atomically.
+    saver:
+        A ``FileSystemSaver`` for topology and IO options, or give its keyword arguments
+        (``proc_size``, ``proc_rank``, ``format``, ``buffer_size``, ``storage_options``,
+        ``barrier``, ``barrier_timeout_s``) directly.
+    blocking:
+        Wait for the commit before returning.
+    metadata:
+        JSON-serialisable values stored in the manifest.
+    """
+    saver = _saver_for(saver, saver_options)
+    rows = [export_rows(v) for v in variables]
+    backend, name = core.open_location(url, saver.storage_options)
+
+    def write() -> str:
+        core.save_checkpoint(
+            rows,
+            backend,
+            name,
+            saver.topology,
+            saver.options,
+            barrier=saver.barrier,
+            metadata=metadata,
+        )
+        return url
+
+    future = _executor().submit(write)
+    handle = SaveHandle(url, future)
+    if blocking:
+        handle.result()
+    return handle
+
+
+def restore(
+    variables: Sequence[Any],
+    url: str,
+    *,
+    saver: FileSystemSaver | None = None,
+    **saver_options: Any,
+) -> Manifest:
+    """Restore ``variables`` from the committed KV checkpoint ``url``; return its manifest.
+
+    Each rank gets the keys that belong to it (``default_partition_fn`` over ``proc_size``),
+    whatever the number of processes and shards that saved them. Nothing changes unless
+    every needed file was read and verified.
+    """
+    saver = _saver_for(saver, saver_options)
+    backend, name = core.open_location(url, saver.storage_options)
+    return core.restore_checkpoint(variables, backend, name, saver.topology, saver.options)
