@@ -57,9 +57,14 @@ def check_schema_info(info: SchemaInfo) -> None:
         raise ValueError(f"column names of {info.name!r} repeat: {names}")
 
 
+def list_type(storage: pa.DataType, width: int) -> pa.DataType:
+    """``fixed_size_list`` of non-null elements: Parquet then needs no definition levels."""
+    return pa.list_(pa.field("element", storage, nullable=False), width)
+
+
 def _field(name: str, dtype: str, width: int | None) -> pa.Field:
     storage = VALUE_DTYPES.get(dtype) or KEY_DTYPES[dtype]
-    type_ = storage if width is None else pa.list_(storage, width)
+    type_ = storage if width is None else list_type(storage, width)
     return pa.field(name, type_, nullable=False, metadata={DTYPE_KEY: dtype.encode()})
 
 
@@ -93,7 +98,10 @@ def _column(name: str, array: np.ndarray, with_width: bool) -> tuple[pa.Field, p
         array = array.view(np.uint16)
     if with_width:
         flat = np.ascontiguousarray(array).reshape(-1)
-        column: pa.Array = pa.FixedSizeListArray.from_arrays(pa.array(flat), array.shape[1])
+        element = pa.array(flat)
+        column: pa.Array = pa.FixedSizeListArray.from_arrays(
+            element, type=list_type(element.type, array.shape[1])
+        )
     else:
         column = pa.array(array, type=pa.string() if dtype == "string" else None)
     field = pa.field(name, column.type, nullable=False, metadata={DTYPE_KEY: dtype.encode()})
@@ -174,17 +182,28 @@ def _empty(schema: pa.Schema) -> pa.RecordBatch:
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBatch:
     """``batch`` relabelled with ``schema`` (no copy); FormatError if names or types differ."""
-    found = [(f.name, f.type) for f in batch.schema]
-    wanted = [(f.name, f.type) for f in schema]
+    found = [(f.name, _storage(f.type)) for f in batch.schema]
+    wanted = [(f.name, _storage(f.type)) for f in schema]
     if found != wanted:
         raise FormatError(
             f"batch written to {where} does not match the shard's schema: "
             f"expected columns {_describe(wanted)}, found {_describe(found)}"
         )
-    return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    columns = [
+        c if c.type == f.type else c.cast(f.type)
+        for c, f in zip(batch.columns, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _describe(columns: list[tuple[str, pa.DataType]]) -> str:
+def _storage(type_: pa.DataType) -> str:
+    """A type as its physical layout, ignoring list element names and nullability."""
+    if pa.types.is_fixed_size_list(type_):
+        return f"{type_.value_type}[{type_.list_size}]"
+    return str(type_)
+
+
+def _describe(columns: list[tuple[str, str]]) -> str:
     return "[" + ", ".join(f"{n}: {t}" for n, t in columns) + "]"
 
 

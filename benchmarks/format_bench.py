@@ -1,0 +1,198 @@
+"""Shard format throughput against raw references, on a local directory and on moto S3.
+
+Writes and reads N rows (int64 keys, float32 values of dim D) with each format, and the
+same bytes raw: ``numpy.tofile`` + fsync and ``numpy.fromfile`` locally, s3fs ``pipe`` and
+``cat`` on S3. Local reads are cold: every file is fsynced and then dropped from the page
+cache with ``posix_fadvise(POSIX_FADV_DONTNEED)`` before it is read. Format reads verify
+every crc32c (``expected`` given), as a restore does.
+
+MB/s count the logical data, N * (8 + 4 D) bytes, for every entry, so ratios compare times.
+The last stdout line is one JSON object with every figure and the ratios to raw.
+
+Usage::
+
+    python benchmarks/format_bench.py --keys 10000000 --dim 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from de_store.backends import Backend, open_backend
+from de_store.formats import SchemaInfo, ShardInfo, batch_from_numpy, get_format
+
+FORMATS = {"binary": {}, "arrow": {}, "parquet": {"compression": "none"}}
+
+
+def drop_cache(path: str) -> None:
+    """Evict a (clean, fsynced) file from the page cache so the next read is cold."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def batches(keys: np.ndarray, values: np.ndarray, rows: int) -> Iterator[pa.RecordBatch]:
+    for start in range(0, len(keys), rows):
+        yield batch_from_numpy(keys[start : start + rows], values[start : start + rows])
+
+
+def raw_local(directory: str, keys: np.ndarray, values: np.ndarray) -> dict[str, float]:
+    paths = [os.path.join(directory, f"raw-{part}") for part in ("keys", "values")]
+
+    def write() -> None:
+        for path, array in zip(paths, (keys, values), strict=True):
+            with open(path, "wb") as f:
+                array.tofile(f)
+                f.flush()
+                os.fsync(f.fileno())
+
+    write_s, _ = timed(write)
+    for path in paths:
+        drop_cache(path)
+    read_s, arrays = timed(
+        lambda: [np.fromfile(p, a.dtype) for p, a in zip(paths, (keys, values), strict=True)]
+    )
+    assert np.array_equal(arrays[0], keys)
+    for path in paths:
+        os.unlink(path)
+    return {"write_s": write_s, "read_s": read_s}
+
+
+def raw_s3(backend: Backend, keys: np.ndarray, values: np.ndarray) -> dict[str, float]:
+    fs: Any = backend.fs  # type: ignore[attr-defined]
+    root = backend.root  # type: ignore[attr-defined]
+    paths = [f"{root}/raw-{part}" for part in ("keys", "values")]
+    data = [memoryview(keys).cast("B"), memoryview(values.reshape(-1)).cast("B")]
+    write_s, _ = timed(
+        lambda: [fs.pipe_file(p, bytes(d)) for p, d in zip(paths, data, strict=True)]
+    )
+    read_s, got = timed(lambda: [fs.cat_file(p) for p in paths])
+    assert got[0] == bytes(data[0])
+    fs.rm(paths)
+    return {"write_s": write_s, "read_s": read_s}
+
+
+def run_format(
+    backend: Backend, name: str, keys: np.ndarray, values: np.ndarray, buffer_size: int
+) -> dict[str, float]:
+    fmt = get_format(name, **FORMATS[name])
+    path = f"bench-{uuid.uuid4().hex[:8]}{fmt.suffix}"
+    schema = SchemaInfo("bench", values.shape[1])
+    write_s, info = timed(
+        lambda: fmt.write(
+            backend,
+            path,
+            batches(keys, values, buffer_size),
+            schema_info=schema,
+            buffer_size=buffer_size,
+        )
+    )
+    local = [backend.local_path(f.path) for f in info.files]
+    for file in local:
+        if file:
+            drop_cache(file)
+    read_s, rows = timed(lambda: read_all(fmt, backend, info, buffer_size))
+    assert rows == len(keys), (name, rows)
+    for file in info.files:
+        backend.delete(file.path)
+    return {"write_s": write_s, "read_s": read_s, "file_bytes": info.bytes}
+
+
+def read_all(fmt: Any, backend: Backend, info: ShardInfo, buffer_size: int) -> int:
+    return sum(
+        b.num_rows for b in fmt.read(backend, info.path, expected=info, buffer_size=buffer_size)
+    )
+
+
+def mb_per_s(data_bytes: int, seconds: float) -> float:
+    return round(data_bytes / seconds / 1e6, 1)
+
+
+def summarise(data_bytes: int, figures: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for backend_name, entries in figures.items():
+        raw = entries["raw"]
+        for entry, f in entries.items():
+            row = out.setdefault(entry, {}).setdefault(backend_name, {})
+            for direction in ("write", "read"):
+                row[direction] = mb_per_s(data_bytes, f[f"{direction}_s"])
+                if entry != "raw":
+                    row[f"{direction}_vs_raw"] = round(
+                        raw[f"{direction}_s"] / f[f"{direction}_s"], 2
+                    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--buffer-size", type=int, default=262144, help="rows per part")
+    parser.add_argument("--no-s3", action="store_true", help="skip the moto S3 server")
+    parser.add_argument("--dir", default=None, help="local directory (default: a temp dir)")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    keys = rng.integers(-(1 << 62), 1 << 62, args.keys, dtype=np.int64)
+    values = rng.standard_normal((args.keys, args.dim), dtype=np.float32)
+    data_bytes = keys.nbytes + values.nbytes
+    print(f"{args.keys} rows x dim {args.dim}: {data_bytes / 1e6:.0f} MB of keys and values")
+
+    figures: dict[str, dict[str, dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(dir=args.dir) as directory:
+        backend = open_backend(directory)
+        figures["local"] = {"raw": raw_local(directory, keys, values)}
+        for name in FORMATS:
+            figures["local"][name] = run_format(backend, name, keys, values, args.buffer_size)
+            print("local", name, figures["local"][name], flush=True)
+    if not args.no_s3:
+        figures["s3"] = bench_s3(keys, values, args.buffer_size)
+    result = {
+        "keys": args.keys,
+        "dim": args.dim,
+        "buffer_size": args.buffer_size,
+        "data_mb": round(data_bytes / 1e6, 1),
+        "read": "cold (posix_fadvise DONTNEED)",
+        "mb_per_s": summarise(data_bytes, figures),
+    }
+    print(json.dumps(result))
+
+
+def bench_s3(keys: np.ndarray, values: np.ndarray, buffer_size: int) -> dict[str, dict[str, float]]:
+    from de_store.testing import servers
+
+    endpoint, stop = servers.start_moto_server(in_process=False)
+    try:
+        options = servers.s3_storage_options(endpoint)
+        servers.create_bucket("s3", "bench", options)
+        backend = open_backend("s3://bench/shards", options)
+        figures = {"raw": raw_s3(backend, keys, values)}
+        for name in FORMATS:
+            figures[name] = run_format(backend, name, keys, values, buffer_size)
+            print("s3", name, figures[name], flush=True)
+        return figures
+    finally:
+        stop()
+
+
+if __name__ == "__main__":
+    main()
