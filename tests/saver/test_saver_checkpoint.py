@@ -1,0 +1,201 @@
+"""FileSystemSaver through TensorFlow's own checkpoint API: users change no code."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from saver_helpers import companion_content, content, fill, make_variable
+
+import de_store as ds
+from de_store.backends import open_backend
+from de_store.errors import CheckpointError, CheckpointNotFoundError, ChecksumError
+from de_store.saver import gc
+
+
+def kv_folders(directory: Path) -> list[str]:
+    root = directory / "de_store"
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def test_write_and_restore_round_trip_exactly(tmp_path: Path) -> None:
+    saver = ds.FileSystemSaver()
+    var = make_variable("emb", saver, shards=2)
+    fill(var, 5000)
+    expected, expected_m = content(var), companion_content(var, "adam_m")
+    step = tf.Variable(42, dtype=tf.int64)
+    prefix = tf.train.Checkpoint(emb=var, step=step).write(str(tmp_path / "ckpt"))
+
+    restored = make_variable("emb", ds.FileSystemSaver(), shards=3)
+    restored_step = tf.Variable(0, dtype=tf.int64)
+    tf.train.Checkpoint(emb=restored, step=restored_step).read(prefix).assert_consumed()
+    assert content(restored) == expected
+    assert companion_content(restored, "adam_m") == expected_m
+    assert restored_step.numpy() == 42
+
+
+def test_tables_are_not_in_tf_bundle(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver())
+    fill(var, 20000)
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    names = [name for name, _ in tf.train.list_variables(prefix)]
+    assert "emb/de_store_kv_url" in names
+    bundle_bytes = sum(f.stat().st_size for f in tmp_path.glob("ckpt.*"))
+    assert bundle_bytes < 10_000  # 20000 x 4 float32 = 320 kB live in de_store/ckpt
+    assert kv_folders(tmp_path) == ["ckpt"]
+
+
+def test_each_save_has_its_own_kv_folder_and_old_ones_stay_valid(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver())
+    keys, values = fill(var, 100)
+    ckpt = tf.train.Checkpoint(emb=var)
+    first = ckpt.save(str(tmp_path / "ckpt"))
+    var.upsert(keys, values + 1)
+    second = ckpt.save(str(tmp_path / "ckpt"))
+    assert kv_folders(tmp_path) == ["ckpt-1", "ckpt-2"]
+    ckpt.restore(first)
+    np.testing.assert_array_equal(var.lookup(keys).numpy(), values)
+    ckpt.restore(second)
+    np.testing.assert_array_equal(var.lookup(keys).numpy(), values + 1)
+
+
+def test_rewriting_the_same_prefix_replaces_it(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver())
+    keys, values = fill(var, 100)
+    ckpt = tf.train.Checkpoint(emb=var)
+    ckpt.write(str(tmp_path / "latest"))
+    var.upsert(keys, values * 3)
+    prefix = ckpt.write(str(tmp_path / "latest"))
+    var.clear()
+    ckpt.read(prefix)
+    np.testing.assert_array_equal(var.lookup(keys).numpy(), values * 3)
+    assert sorted(os.listdir(tmp_path / "de_store")) == ["latest"]
+
+
+def test_checkpoint_manager_removes_kv_data_of_deleted_checkpoints(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver())
+    fill(var, 100)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(emb=var), tmp_path, max_to_keep=2)
+    for _ in range(5):
+        manager.save()
+    assert [Path(p).name for p in manager.checkpoints] == ["ckpt-4", "ckpt-5"]
+    # TF deletes ckpt-3 after the 5th save's KV commit: its KV data goes with the next save
+    # or with gc; every older one is gone already.
+    assert kv_folders(tmp_path) == ["ckpt-3", "ckpt-4", "ckpt-5"]
+    removed = gc.collect(open_backend(str(tmp_path / "de_store")))
+    assert [g.folder for g in removed] == ["ckpt-3"]
+    assert kv_folders(tmp_path) == ["ckpt-4", "ckpt-5"]
+
+
+def test_async_save_snapshots_at_save_time_and_calls_back_after_commit(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver(), shards=2)
+    keys, values = fill(var, 3000)
+    seen: list[dict[int, tuple[float, ...]]] = []
+
+    def restore_in_callback(path: str) -> None:
+        probe = make_variable("emb", ds.FileSystemSaver(), shards=1)
+        tf.train.Checkpoint(emb=probe).read(path)
+        seen.append(content(probe))
+
+    options = tf.train.CheckpointOptions(
+        enable_async=True, experimental_write_callbacks=[restore_in_callback]
+    )
+    ckpt = tf.train.Checkpoint(emb=var)
+    snapshot = content(var)
+    ckpt.save(str(tmp_path / "ckpt"), options=options)
+    var.upsert(keys, values + 10)  # training goes on while the save runs
+    after = content(var)
+    ckpt.save(str(tmp_path / "ckpt"), options=options)
+    var.remove(keys[:10])
+    ckpt.sync()
+    assert seen == [snapshot, after]
+
+
+def test_async_save_failure_is_raised_on_next_save(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the KV root should be")
+    var = make_variable("emb", ds.FileSystemSaver(save_path=str(blocker / "kv")))
+    fill(var, 10)
+    ckpt = tf.train.Checkpoint(emb=var)
+    options = tf.train.CheckpointOptions(enable_async=True)
+    ckpt.save(str(tmp_path / "ckpt"), options=options)
+    ckpt.sync()
+    with pytest.raises(Exception, match="not-a-folder"):
+        ckpt.save(str(tmp_path / "ckpt"), options=options)
+
+
+def test_restore_into_other_dim_names_variable_and_leaves_table_unchanged(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver(), dim=4)
+    fill(var, 50)
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    other = make_variable("emb", ds.FileSystemSaver(), dim=8)
+    fill(other, 5, seed=1)
+    before = content(other)
+    with pytest.raises(
+        CheckpointError,
+        match=r"variable 'emb'.*dim\) = \('int64', 'float32', 4\), the variable expects \('int64', 'float32', 8\)",
+    ):
+        tf.train.Checkpoint(emb=other).read(prefix)
+    assert content(other) == before
+
+
+def test_corrupted_shard_is_detected_and_table_unchanged(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver())
+    fill(var, 2000)
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    (shard,) = (tmp_path / "de_store" / "ckpt" / "emb").iterdir()
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    target = make_variable("emb", ds.FileSystemSaver())
+    fill(target, 3, seed=2)
+    before = content(target)
+    with pytest.raises(ChecksumError, match=shard.name):
+        tf.train.Checkpoint(emb=target).read(prefix)
+    assert content(target) == before
+
+
+def test_missing_shard_is_named(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver())
+    fill(var, 200)
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    (shard,) = (tmp_path / "de_store" / "ckpt" / "emb").iterdir()
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match=shard.name):
+        tf.train.Checkpoint(emb=make_variable("emb", ds.FileSystemSaver())).read(prefix)
+
+
+def test_uncommitted_checkpoint_is_never_restored(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver())
+    fill(var, 20)
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    for marker in (tmp_path / "de_store" / "ckpt").glob("COMMIT-*"):
+        marker.unlink()
+    with pytest.raises(CheckpointNotFoundError, match="no committed checkpoint at .*ckpt"):
+        tf.train.Checkpoint(emb=make_variable("emb", ds.FileSystemSaver())).read(prefix)
+
+
+def test_explicit_save_path_and_formats(tmp_path: Path) -> None:
+    for fmt in ("parquet", "arrow"):
+        saver = ds.FileSystemSaver(save_path=str(tmp_path / f"kv-{fmt}"), format=fmt)
+        var = make_variable("emb", saver)
+        fill(var, 300)
+        expected = content(var)
+        prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / f"ck-{fmt}" / "ckpt"))
+        shard_files = list((tmp_path / f"kv-{fmt}" / "ckpt" / "emb").iterdir())
+        assert [f.suffix for f in shard_files] == [f".{fmt}"]
+        var.clear()
+        tf.train.Checkpoint(emb=var).read(prefix)
+        assert content(var) == expected
+
+
+def test_saver_rejects_bad_options() -> None:
+    with pytest.raises(ValueError, match="buffer_size must be an int >= 1, got -5"):
+        ds.FileSystemSaver(buffer_size=-5)
+    with pytest.raises(ValueError, match="format 'csv' is not one of"):
+        ds.FileSystemSaver(format="csv")
+    with pytest.raises(ValueError, match="proc_rank=3"):
+        ds.FileSystemSaver(proc_size=2, proc_rank=3)
