@@ -124,7 +124,7 @@ class ParquetFormat(ShardFormat):
         if expected is None:
             batches = _read_unverified(backend, path, parts, names, buffer_size)
         else:
-            batches = _read_verified(backend, path, parts, names, expected)
+            batches = _read_verified(backend, path, parts, names, expected, buffer_size)
         yield from rebatch(batches, buffer_size, columns, where)
 
 
@@ -142,6 +142,7 @@ def _read_verified(
     parts: Sequence[int] | None,
     columns: list[str] | None,
     expected: ShardInfo,
+    buffer_size: int,
 ) -> Iterator[pa.RecordBatch]:
     where = location(backend, path)
     check_expected(expected, ParquetFormat.name, where)
@@ -169,10 +170,14 @@ def _read_verified(
             check_crc(where, f"part {i}", r.crc32c, data)
             sparse.put(r.offset, data)
             with decoding(where):
-                table = reader.read_row_group(i, columns=columns, use_threads=False)
+                batches = list(
+                    reader.iter_batches(
+                        batch_size=buffer_size, row_groups=[i], columns=columns, use_threads=False
+                    )
+                )
             sparse.drop(r.offset)
-            check_rows(where, i, part.rows, table.num_rows)
-            yield from table.to_batches()
+            check_rows(where, i, part.rows, sum(b.num_rows for b in batches))
+            yield from batches
 
 
 def _read_unverified(
