@@ -57,6 +57,14 @@ class TableOps:
 
     def __init__(self, table: HashTable) -> None:
         self.t = table
+        spec = [tf.TensorSpec([None], tf.int64)]
+        # Traced once each and called from every kernel (smaller graphs, faster tracing).
+        self.find = tf.function(
+            lambda k: self.probe(k, False), autograph=False, input_signature=spec
+        )
+        self.find_or_claim = tf.function(
+            lambda k: self.probe(k, True), autograph=False, input_signature=spec
+        )
 
     # -- probing -----------------------------------------------------------------------
     def probe(self, keys: tf.Tensor, claim: bool) -> tuple[tf.Tensor, tf.Tensor]:
@@ -119,6 +127,11 @@ class TableOps:
                 found_idx,
                 found_pos,
                 found_row,
+            ),
+            shape_invariants=(
+                tf.TensorShape([]),
+                *[tf.TensorShape([None])] * 3,
+                *[tf.TensorShape(None)] * 3,
             ),
         )
         order = loop[4].concat()[:, None]
@@ -184,7 +197,7 @@ class TableOps:
         t.slot_keys.assign(tf.zeros(tf.reshape(capacity, [1]), tf.int64))
         t.slot_rows.assign(tf.fill(tf.reshape(capacity, [1]), tf.constant(EMPTY, tf.int64)))
         t.num_deleted.assign(0)
-        slots, _ = self.probe(keys, claim=True)
+        slots, _ = self.find_or_claim(keys)
         t.slot_rows.scatter_update(tf.IndexedSlices(rows, slots))
 
     def allocate_rows(self, count: tf.Tensor) -> tf.Tensor:
@@ -243,7 +256,7 @@ class TableOps:
     def lookup(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Rows of present keys (zeros for missing ones) and the exists mask."""
         t = self.t
-        slots, rows = self.probe(keys, claim=False)
+        slots, rows = self.find(keys)
         exists = slots >= 0
         values = tf.gather(t.values, tf.where(exists, rows, 0))
         return tf.where(exists[:, None], values, tf.zeros_like(values)), exists
@@ -255,7 +268,7 @@ class TableOps:
         """
         t = self.t
         self.reserve(_count(keys))
-        slots, rows = self.probe(keys, claim=True)
+        slots, rows = self.find_or_claim(keys)
         fresh = tf.equal(rows, tf.range(_count(keys)) + TOKEN_BASE)
         fresh_rows = self.allocate_rows(tf.reduce_sum(tf.cast(fresh, tf.int64)))
         t.slot_rows.scatter_update(tf.IndexedSlices(fresh_rows, tf.boolean_mask(slots, fresh)))
@@ -288,7 +301,7 @@ class TableOps:
         """Add deltas to present keys; missing keys are ignored."""
         t = self.t
         with tf.control_dependencies([_same_length(t, keys, deltas)]):
-            slots, rows = self.probe(keys, claim=False)
+            slots, rows = self.find(keys)
         exists = slots >= 0
         t.values.scatter_add(
             tf.IndexedSlices(tf.boolean_mask(deltas, exists), tf.boolean_mask(rows, exists))
@@ -297,7 +310,7 @@ class TableOps:
     def remove(self, keys: tf.Tensor) -> None:
         """Tombstone the slots of present keys and free their rows."""
         t = self.t
-        slots, rows = self.probe(keys, claim=False)
+        slots, rows = self.find(keys)
         exists = slots >= 0
         slots, rows = tf.boolean_mask(slots, exists), tf.boolean_mask(rows, exists)
         last = self.last_occurrence(slots, rows)
@@ -310,9 +323,10 @@ class TableOps:
         t.num_deleted.assign_add(_count(rows))
 
     def clear(self) -> None:
-        """Empty the index (same capacity) and release the row store."""
+        """Empty the table: the index goes back to its initial capacity, rows are released."""
         t = self.t
-        t.slot_rows.assign(tf.fill(tf.shape(t.slot_rows), tf.constant(EMPTY, tf.int64)))
+        t.slot_keys.assign(tf.zeros([t.init_capacity], tf.int64))
+        t.slot_rows.assign(tf.fill([t.init_capacity], tf.constant(EMPTY, tf.int64)))
         t.values.assign(tf.zeros([16, t.dim], t.values.dtype))
         t.free_rows.assign(tf.zeros([16], tf.int64))
         for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row):

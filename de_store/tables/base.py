@@ -43,9 +43,7 @@ class TableCore(tf.Module, abc.ABC):
         """Upsert ``values [n, dim]`` for ``keys [n]``; a duplicate key keeps the last value."""
 
     @abc.abstractmethod
-    def accum(
-        self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True
-    ) -> None:
+    def accum(self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True) -> None:
         """Add ``deltas [n, dim]`` to the rows of ``keys``; duplicate keys sum.
 
         A missing key is inserted with its (summed) delta when ``insert_missing``, else ignored.

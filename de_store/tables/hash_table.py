@@ -84,12 +84,12 @@ class HashTable(TableCore):
         self.max_load_factor, self.row_growth = float(max_load_factor), float(row_growth)
         # int32 has no GPU kernels for resource gathers/scatters: hold it as int64.
         self._stored_dtype = tf.int64 if value_dtype == tf.int32 else value_dtype
-        self._init_capacity = _probe.capacity_for(max(init_size, 1), self.max_load_factor)
+        self.init_capacity = _probe.capacity_for(max(init_size, 1), self.max_load_factor)
         rows = max(init_size, 16)
         with tf.name_scope(self.name):
-            self.slot_keys = _variable("slot_keys", tf.zeros([self._init_capacity], tf.int64))
+            self.slot_keys = _variable("slot_keys", tf.zeros([self.init_capacity], tf.int64))
             self.slot_rows = _variable(
-                "slot_rows", tf.fill([self._init_capacity], tf.constant(EMPTY, tf.int64))
+                "slot_rows", tf.fill([self.init_capacity], tf.constant(EMPTY, tf.int64))
             )
             self.values = _variable("values", tf.zeros([rows, dim], self._stored_dtype))
             self.free_rows = _variable("free_rows", tf.zeros([16], tf.int64))
@@ -144,7 +144,7 @@ class HashTable(TableCore):
         return tf.identity(self.num_keys)
 
     def clear(self) -> None:
-        """Remove every key; the index keeps its capacity, the row store is released."""
+        """Remove every key; the index returns to its initial capacity."""
         with tf.device(self._device):
             self._kernels.clear()
 
@@ -207,10 +207,14 @@ class _Kernels:
         ops = _probe.TableOps(table)
         keys = tf.TensorSpec([None], tf.int64)
         rows = tf.TensorSpec([None, table.dim], table._stored_dtype)
-        self.lookup = tf.function(ops.lookup, input_signature=[keys])
-        self.insert = tf.function(ops.insert, input_signature=[keys, rows])
-        self.accum_insert = tf.function(ops.accum_insert, input_signature=[keys, rows])
-        self.accum_existing = tf.function(ops.accum_existing, input_signature=[keys, rows])
-        self.remove = tf.function(ops.remove, input_signature=[keys])
-        self.clear = tf.function(ops.clear, input_signature=[])
-        self.export_all = tf.function(ops.export_all, input_signature=[])
+        self.lookup = tf.function(ops.lookup, autograph=False, input_signature=[keys])
+        self.insert = tf.function(ops.insert, autograph=False, input_signature=[keys, rows])
+        self.accum_insert = tf.function(
+            ops.accum_insert, autograph=False, input_signature=[keys, rows]
+        )
+        self.accum_existing = tf.function(
+            ops.accum_existing, autograph=False, input_signature=[keys, rows]
+        )
+        self.remove = tf.function(ops.remove, autograph=False, input_signature=[keys])
+        self.clear = tf.function(ops.clear, autograph=False, input_signature=[])
+        self.export_all = tf.function(ops.export_all, autograph=False, input_signature=[])

@@ -1,0 +1,125 @@
+"""Throughput of HashTable against TensorFlow's MutableHashTable and DenseHashTable.
+
+Usage: ``python benchmarks/table_bench.py --keys N --dim D --batch B``
+
+Measures insert, lookup of present keys, lookup of missing keys and export, in keys per
+second, plus the table's own bytes and the process's peak RSS. The last stdout line is one
+JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from de_store.tables import HashTable
+
+
+def _timed(batches: list[tf.Tensor], step: Callable[[tf.Tensor], object]) -> float:
+    """Keys per second of ``step`` over ``batches`` (results forced to the host)."""
+    start = time.perf_counter()
+    for batch in batches:
+        out = step(batch)
+        for tensor in tf.nest.flatten(out):
+            if isinstance(tensor, tf.Tensor):
+                tensor.numpy()
+    seconds = time.perf_counter() - start
+    return sum(int(b.shape[0]) for b in batches) / seconds
+
+
+class _Candidate:
+    """Uniform insert/lookup/export over one table implementation."""
+
+    def __init__(self, kind: str, keys: int, dim: int) -> None:
+        self.kind, self.dim = kind, dim
+        if kind == "ours":
+            self.table = HashTable(tf.int64, tf.float32, dim, name="bench")
+        elif kind == "mutable_hash_table":
+            self.table = tf.lookup.experimental.MutableHashTable(
+                tf.int64, tf.float32, tf.zeros([dim])
+            )
+        else:
+            self.table = tf.lookup.experimental.DenseHashTable(
+                tf.int64,
+                tf.float32,
+                tf.zeros([dim]),
+                empty_key=-1,
+                deleted_key=-2,
+                initial_num_buckets=1 << int(np.ceil(np.log2(keys / 0.8))),
+            )
+
+    def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
+        self.table.insert(keys, values)
+
+    def lookup(self, keys: tf.Tensor) -> object:
+        return self.table.lookup(keys)
+
+    def export(self) -> object:
+        return self.table.export_all() if self.kind == "ours" else self.table.export()
+
+    def table_bytes(self, count: int) -> int:
+        if self.kind == "ours":
+            return self.table.memory_bytes()
+        if self.kind == "dense_hash_table":
+            buckets = int(self.table.export()[0].shape[0])
+            return buckets * (8 + 4 * self.dim)
+        return -1  # not observable from Python
+
+
+def _measure(
+    kind: str, keys: np.ndarray, missing: np.ndarray, values: np.ndarray, batch: int
+) -> dict[str, float]:
+    dim = values.shape[1]
+    candidate = _Candidate(kind, len(keys), dim)
+    warm = tf.constant(keys[:16])
+    candidate.insert(warm, tf.constant(values[:16]))
+    candidate.lookup(warm)
+    splits = range(0, len(keys), batch)
+    key_batches = [tf.constant(keys[s : s + batch]) for s in splits]
+    value_batches = [tf.constant(values[: len(k)]) for k in key_batches]
+    miss_batches = [tf.constant(missing[s : s + batch]) for s in splits]
+    pairs = iter(value_batches)
+    result = {"insert": _timed(key_batches, lambda k: candidate.insert(k, next(pairs)))}
+    result["lookup"] = _timed(key_batches, candidate.lookup)
+    result["lookup_miss"] = _timed(miss_batches, candidate.lookup)
+    start = time.perf_counter()
+    exported = candidate.export()
+    tf.nest.map_structure(lambda t: t.numpy(), exported)
+    result["export"] = len(keys) / (time.perf_counter() - start)
+    result["table_bytes"] = candidate.table_bytes(len(keys))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=100_000)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    keys = np.unique(rng.integers(0, 1 << 62, int(args.keys * 1.01), dtype=np.int64))
+    keys = rng.permutation(keys)[: args.keys]
+    missing = -rng.integers(3, 1 << 62, args.keys, dtype=np.int64)  # never inserted
+    values = rng.random((min(args.batch, args.keys), args.dim), dtype=np.float32)
+    report: dict[str, object] = {"keys": args.keys, "dim": args.dim, "batch": args.batch}
+    for kind in ("ours", "mutable_hash_table", "dense_hash_table"):
+        report[kind] = _measure(kind, keys, missing, values, args.batch)
+        print(
+            kind,
+            {k: f"{v / 1e6:.2f}M" if k != "table_bytes" else v for k, v in report[kind].items()},
+            flush=True,
+        )
+    raw = args.keys * (8 + 4 * args.dim)
+    report["raw_bytes"] = raw
+    report["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
