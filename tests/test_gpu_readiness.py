@@ -5,8 +5,9 @@ the bodies of nested functions (while/cond bodies, nested ``tf.function`` calls)
 a kernel registered for ``GPU`` (or ``DEFAULT``, which TensorFlow registers for every
 device, with host-memory inputs where needed) whose type constraints accept the node's
 dtypes. The one exception is the string constants of an assertion's message, which
-TensorFlow keeps in host memory next to the (GPU-capable) ``Assert`` kernel. ``kernels.get_registered_kernels_for_op`` lists no ``XLA_GPU_JIT`` kernels, so the
-table does not use ``jit_compile``; every op is checked against the plain GPU kernels.
+TensorFlow keeps in host memory next to the (GPU-capable) ``Assert`` kernel.
+``kernels.get_registered_kernels_for_op`` lists no ``XLA_GPU_JIT`` kernels, so the table
+does not use ``jit_compile``; every op is checked against the plain GPU kernels.
 """
 
 from __future__ import annotations

@@ -29,12 +29,12 @@ def operations(draw):
 
 def _apply_to_model(model: dict, kind: str, keys: list, values: list) -> None:
     if kind == "insert":
-        for key, row in zip(keys, values):
+        for key, row in zip(keys, values, strict=True):
             model[key] = list(row)
     elif kind in ("accum", "accum_existing"):
-        for key, row in zip(keys, values):
+        for key, row in zip(keys, values, strict=True):
             if key in model:
-                model[key] = [a + b for a, b in zip(model[key], row)]
+                model[key] = [a + b for a, b in zip(model[key], row, strict=True)]
             elif kind == "accum":
                 model[key] = list(row)
     elif kind == "remove":
@@ -78,7 +78,7 @@ def _run(table, ops) -> None:
     exported_keys, exported_values = table.export_all()
     decoded = [int(k) for k in exported_keys.numpy()]
     assert sorted(decoded) == sorted(model)
-    as_dict = dict(zip(decoded, exported_values.numpy().tolist()))
+    as_dict = dict(zip(decoded, exported_values.numpy().tolist(), strict=True))
     assert as_dict == model
 
 
@@ -111,7 +111,7 @@ def test_growth_removal_and_reinsertion_from_tiny_capacity():
         keys = rng.integers(0, 3000, 700)
         values = rng.integers(-5, 5, (700, DIM)).astype(np.float32)
         table.insert(tf.constant(keys), tf.constant(values))
-        for key, row in zip(keys.tolist(), values.tolist()):
+        for key, row in zip(keys.tolist(), values.tolist(), strict=True):
             model[key] = row
         gone = rng.choice(keys, 300)
         table.remove(tf.constant(gone))
@@ -120,4 +120,4 @@ def test_growth_removal_and_reinsertion_from_tiny_capacity():
         assert int(table.size()) == len(model), round_
     assert table.capacity() > start
     keys, values = table.export_all()
-    assert dict(zip(keys.numpy().tolist(), values.numpy().tolist())) == model
+    assert dict(zip(keys.numpy().tolist(), values.numpy().tolist(), strict=True)) == model

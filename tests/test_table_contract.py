@@ -1,0 +1,126 @@
+"""Behaviour every table core shares, run against HashTable and MutableTable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from de_store.tables import HashTable, MutableTable
+
+CORES = {
+    "hash": lambda **kw: HashTable(tf.int64, tf.float32, 3, name="emb/user", **kw),
+    "mutable": lambda **kw: MutableTable(tf.int64, tf.float32, 3, name="emb/user", **kw),
+}
+
+
+@pytest.fixture(params=sorted(CORES))
+def table(request):
+    return CORES[request.param]()
+
+
+def _rows(n, start=0.0):
+    return tf.reshape(tf.range(start, start + 3 * n, dtype=tf.float32), [n, 3])
+
+
+def _content(table):
+    keys, values = table.export_all()
+    return dict(zip(keys.numpy().tolist(), map(tuple, values.numpy().tolist()), strict=True))
+
+
+def test_lookup_defaults_and_exists(table):
+    table.insert(tf.constant([7, 8], tf.int64), _rows(2))
+    values, exists = table.lookup(tf.constant([8, 9], tf.int64), default_value=[1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(values.numpy(), [[3, 4, 5], [1, 2, 3]])
+    assert exists.numpy().tolist() == [True, False]
+
+
+def test_insert_keeps_last_and_accum_sums_duplicates(table):
+    keys = tf.constant([5, 5, 6], tf.int64)
+    table.insert(keys, _rows(3))
+    assert _content(table) == {5: (3, 4, 5), 6: (6, 7, 8)}
+    table.accum(tf.constant([5, 5, 9], tf.int64), tf.ones([3, 3]))
+    table.accum(tf.constant([10], tf.int64), tf.ones([1, 3]), insert_missing=False)
+    assert _content(table) == {5: (5, 6, 7), 6: (6, 7, 8), 9: (1, 1, 1)}
+
+
+def test_export_batches_are_a_snapshot(table):
+    table.insert(tf.range(10, dtype=tf.int64), _rows(10))
+    batches = table.export(4)
+    table.clear()
+    sizes = [int(k.shape[0]) for k, _ in batches]
+    assert sizes == [4, 4, 2]
+    assert int(table.size()) == 0
+
+
+def test_import_batches_round_trips(table):
+    table.insert(tf.range(20, dtype=tf.int64), _rows(20))
+    other = HashTable(tf.int64, tf.float32, 3)
+    other.import_batches(table.export(6))
+    assert _content(other) == _content(table)
+
+
+def test_works_inside_tf_function(table):
+    @tf.function
+    def step(keys, rows):
+        table.insert(keys, rows)
+        table.accum(keys, rows)
+        table.remove(keys[:1])
+        return table.lookup(keys)
+
+    keys = tf.constant([1, 2, 3], tf.int64)
+    values, exists = step(keys, _rows(3))
+    assert exists.numpy().tolist() == [False, True, True]
+    np.testing.assert_array_equal(values.numpy()[1], [6, 8, 10])
+
+
+@pytest.mark.parametrize(
+    ("keys", "values", "error", "words"),
+    [
+        ([1, 2], tf.ones([2, 3], tf.float64), TypeError, ["float32", "float64"]),
+        (tf.constant([1], tf.int32), np.ones([1, 3], np.float32), TypeError, ["int64", "int32"]),
+        ([1, 2], np.ones([2, 4], np.float32), ValueError, ["[n, 3]", "(2, 4)"]),
+        ([1, 2], np.ones([3, 3], np.float32), ValueError, ["(2)", "3"]),
+    ],
+)
+def test_bad_input_names_the_table_and_leaves_it_unchanged(table, keys, values, error, words):
+    table.insert(tf.constant([1], tf.int64), _rows(1))
+    before = _content(table)
+    with pytest.raises(error) as raised:
+        table.insert(tf.constant(keys, tf.int64) if isinstance(keys, list) else keys, values)
+    for word in ["emb/user", *words]:
+        assert word in str(raised.value)
+    assert _content(table) == before
+
+
+def test_dynamic_length_mismatch_fails_before_any_change():
+    table = HashTable(tf.int64, tf.float32, 3, name="emb/user")
+    insert = tf.function(
+        table.insert,
+        input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, 3], tf.float32)],
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="emb/user"):
+        insert(tf.constant([1, 2], tf.int64), tf.ones([3, 3]))
+    assert int(table.size()) == 0
+
+
+def test_checkpoint_restores_into_a_table_of_another_capacity(tmp_path):
+    big = HashTable(tf.int64, tf.float16, 2, name="big")
+    keys = tf.range(0, 5000, 3, dtype=tf.int64)
+    big.insert(keys, tf.cast(tf.stack([keys, -keys], 1) % 1000, tf.float16))
+    big.remove(keys[:100])
+    path = tf.train.Checkpoint(table=big).write(str(tmp_path / "ckpt"))
+    small = HashTable(tf.int64, tf.float16, 2, name="small")
+    assert small.capacity() < big.capacity()
+    tf.train.Checkpoint(table=small).read(path).assert_consumed()
+    assert small.capacity() == big.capacity()
+    assert _content(small) == _content(big)
+    small.insert(tf.constant([1], tf.int64), tf.ones([1, 2], tf.float16))  # still usable
+    assert int(small.size()) == int(big.size()) + 1
+
+
+def test_variables_live_on_the_creation_device():
+    with tf.device("/CPU:0"):
+        table = HashTable(tf.int64, tf.float32, 3)
+    assert all("CPU:0" in v.device for v in table.variables)
+    assert len(table.trainable_variables) == 0
