@@ -230,15 +230,19 @@ class Variable(tf.Module):
     ) -> None:
         """Store trained rows: overwrite them, or with ``bp_v2`` add ``new - old``.
 
-        With ``bp_v2`` a key that did not exist when ``old`` was read is inserted with
-        ``new``; existing keys get the delta added, so concurrent updates all land.
+        With ``bp_v2`` concurrent updates of existing keys all land. A key that was missing
+        when ``old`` was read is first inserted with ``old`` unless another writer inserted
+        it meanwhile (two writers inserting the same new key at once can still race).
         """
         if not self.bp_v2:
             self.upsert(keys, new)
             return
-        self.accum(tf.boolean_mask(keys, existed), tf.boolean_mask(new - old, existed), True)
         missing = tf.logical_not(existed)
-        self.upsert(tf.boolean_mask(keys, missing), tf.boolean_mask(new, missing))
+        missing_keys, missing_old = tf.boolean_mask(keys, missing), tf.boolean_mask(old, missing)
+        _, inserted_since = self._lookup_flat(missing_keys)
+        absent = tf.logical_not(inserted_since)
+        self.upsert(tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_old, absent))
+        self.accum(keys, new - old, True)
 
     def remove(self, keys: Any) -> None:
         """Remove ``keys`` from the values and from every companion; missing keys are ignored."""

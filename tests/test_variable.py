@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,12 +12,10 @@ import tensorflow as tf
 def _logical_cpus(count: int = 4) -> list[str]:
     """Split the CPU into ``count`` logical devices, unless TF is already initialized."""
     cpu = tf.config.list_physical_devices("CPU")[0]
-    try:
+    with contextlib.suppress(RuntimeError):  # an earlier module configured TF already
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * count
         )
-    except RuntimeError:
-        pass  # an earlier test module initialized TF; use what it configured
     return [device.name for device in tf.config.list_logical_devices("CPU")]
 
 

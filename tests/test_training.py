@@ -1,0 +1,160 @@
+"""Training: embedding_lookup gradients, sparse SGD/Adagrad/Adam, bp_v2, the CTR example."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+
+def _logical_cpus(count: int = 4) -> list[str]:
+    """Split the CPU into ``count`` logical devices, unless TF is already initialized."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    with contextlib.suppress(RuntimeError):  # an earlier module configured TF already
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * count
+        )
+    return [device.name for device in tf.config.list_logical_devices("CPU")]
+
+
+CPUS = _logical_cpus()
+
+import de_store as ds  # noqa: E402
+from de_store import optimizers  # noqa: E402
+
+IDS = np.array([[3, 7], [3, -2], [7, 3]], np.int64)  # 3 appears three times, 7 twice
+
+
+def _loss(embedded: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_sum(embedded * embedded) + tf.reduce_sum(embedded)
+
+
+def _train(var: ds.Variable, optimizer, steps: int, compiled: bool) -> None:  # type: ignore[no-untyped-def]
+    def step(ids: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            loss = _loss(ds.embedding_lookup(var, ids))
+        variables = var.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+
+    run = tf.function(step) if compiled else step
+    for _ in range(steps):
+        run(tf.constant(IDS))
+
+
+def _dense_reference(keras_optimizer, initial: np.ndarray, steps: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The same training on a dense table of the unique ids [3, 7, -2] with Keras."""
+    table = tf.Variable(initial)
+    positions = tf.constant([[0, 1], [0, 2], [1, 0]])
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = _loss(tf.gather(table, positions))
+        dense_grad = tf.convert_to_tensor(tape.gradient(loss, table))  # sums duplicates
+        keras_optimizer.apply_gradients([(dense_grad, table)])
+    return table.numpy()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize(
+    ("make", "slots"),
+    [
+        (lambda: keras.optimizers.SGD(0.1), []),
+        (lambda: keras.optimizers.Adagrad(0.1), ["adagrad_accumulator"]),
+        (lambda: keras.optimizers.Adam(0.1), ["adam_m", "adam_v"]),
+    ],
+    ids=["sgd", "adagrad", "adam"],
+)
+def test_sparse_optimizer_matches_keras_on_dense_rows(make, slots, compiled) -> None:  # type: ignore[no-untyped-def]
+    devices = CPUS[:2]
+    var = ds.Variable("train_match", dim=2, devices=devices, initializer=np.array([0.5, -0.5]))
+    var.upsert([100], [[9.0, 9.0]])  # an untouched key
+    _train(var, ds.optimizers.DynamicEmbeddingOptimizer(make()), steps=3, compiled=compiled)
+    expected = _dense_reference(make(), np.tile([[0.5, -0.5]], (3, 1)).astype(np.float32), 3)
+    np.testing.assert_allclose(var.lookup([3, 7, -2]).numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(var.lookup([100]).numpy(), [[9.0, 9.0]])
+    assert sorted(var.companions()) == slots
+    for companion in var.companions().values():  # slots only for trained keys, same shards
+        assert sorted(companion.export()[0].numpy()) == [-2, 3, 7]
+        for main_shard, slot_shard in zip(var.shards, companion.shards, strict=True):
+            trained = set(main_shard.export_all()[0].numpy().tolist()) - {100}
+            assert set(slot_shard.export_all()[0].numpy().tolist()) == trained
+
+
+def test_duplicate_ids_aggregate_their_gradients() -> None:
+    var = ds.Variable("dup_grads", dim=1)
+    with tf.GradientTape() as tape:
+        embedded, wrapper = ds.embedding_lookup(var, [[3, 3], [3, 5]], return_trainable=True)
+        loss = tf.reduce_sum(embedded)
+    grad = tape.gradient(loss, wrapper.rows)
+    assert isinstance(grad, tf.IndexedSlices)
+    optimizers.SGD(1.0).apply_gradients([(grad, wrapper.rows)])
+    np.testing.assert_array_equal(var.lookup([3, 5]).numpy(), [[-3.0], [-1.0]])
+
+
+def test_one_optimizer_trains_dense_and_dynamic_variables() -> None:
+    var = ds.Variable("mixed", dim=1)
+    dense = tf.Variable([1.0])
+    optimizer = optimizers.SGD(0.5)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(ds.embedding_lookup(var, [1]) * dense)
+    variables = [*var.trainable_variables, dense]
+    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+    np.testing.assert_array_equal(var.lookup([1]).numpy(), [[-0.5]])
+    np.testing.assert_array_equal(dense.numpy(), [1.0])  # d/d dense = embedding = 0
+    assert int(optimizer.iterations) == 1
+
+
+@pytest.mark.parametrize(("bp_v2", "lands"), [(False, "one"), (True, "both")])
+def test_concurrent_updates_of_the_same_keys(bp_v2: bool, lands: str) -> None:
+    """Two workers read the same keys, then both apply: bp_v2 adds both deltas."""
+    var = ds.Variable("concurrent", dim=1, initializer=1.0, bp_v2=bp_v2)
+    var.upsert([1, 2], [[1.0], [1.0]])
+    barrier = threading.Barrier(2)
+
+    def worker(scale: float) -> None:
+        optimizer = optimizers.SGD(1.0)
+        with tf.GradientTape() as tape:
+            embedded, wrapper = ds.embedding_lookup(
+                var, [1, 2], name=f"worker{scale}", return_trainable=True
+            )
+            loss = scale * tf.reduce_sum(embedded)
+        grad = tape.gradient(loss, wrapper.rows)
+        barrier.wait()  # both have read the rows before either writes
+        optimizer.apply_gradients([(grad, wrapper.rows)])
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in (1.0, 2.0)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    values = var.lookup([1, 2]).numpy()[:, 0]
+    if lands == "both":
+        np.testing.assert_array_equal(values, [1.0 - 3.0, 1.0 - 3.0])
+    else:
+        assert values.tolist() in ([0.0, 0.0], [-1.0, -1.0])
+
+
+def test_bp_v2_starts_new_keys_from_their_initial_row() -> None:
+    var = ds.Variable("bp_v2_new", dim=1, initializer=4.0, bp_v2=True)
+    with tf.GradientTape() as tape:
+        embedded, wrapper = ds.embedding_lookup(var, [8], return_trainable=True)
+    optimizers.SGD(1.0).apply_gradients([(tape.gradient(embedded, wrapper.rows), wrapper.rows)])
+    np.testing.assert_array_equal(var.lookup([8]).numpy(), [[3.0]])
+
+
+def test_unsupported_optimizer_is_refused_by_name() -> None:
+    with pytest.raises(
+        ds.errors.VariableError, match=r"expected keras SGD, Adagrad or Adam, got RMSprop"
+    ):
+        optimizers.DynamicEmbeddingOptimizer(keras.optimizers.RMSprop())
+
+
+def test_ctr_example_loss_falls() -> None:
+    from examples.train_ctr import CtrConfig, train
+
+    result = train(CtrConfig(steps=8, batch_size=8192, fields=8), verbose=False)
+    assert result["distinct_ids"] > 250_000
+    assert result["last_loss"] < result["first_loss"]
