@@ -69,7 +69,7 @@ def test_value_dtypes_round_trip_exactly(tmp_path, dtype: tf.DType) -> None:
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_each_rank_reads_only_its_share(tmp_path, ranks: int) -> None:
     var = make_variable("emb", None, dim=8, shards=2)
-    keys, _ = fill(var, 300_000, start=-150_000)
+    keys, _ = fill(var, 150_000, start=-75_000)
     url = str(tmp_path / "ck")
     ds.save([var], url, blocking=True)
     seen: list[np.ndarray] = []
