@@ -5,7 +5,7 @@ Synthetic data: every example has ``fields`` categorical ids drawn from a head-h
 ids; the click label is drawn from a hidden per-id weight. The model learns one weight per
 id (a ``de_store`` Variable with ``dim=1``) plus a dense bias, with the sparse Adagrad.
 
-Run ``python examples/train_ctr.py --steps 300``; it prints the loss every ``--log-every``
+Run ``python examples/train_ctr.py --steps 200``; it prints the loss every ``--log-every``
 steps, then one JSON line with the first and last loss, the distinct ids seen and the
 keys/s of lookup+update. ``train`` is importable for demos.
 """
@@ -28,7 +28,7 @@ from de_store.optimizers import Adagrad
 class CtrConfig:
     """Sizes of the synthetic problem and the training run."""
 
-    steps: int = 300
+    steps: int = 200
     batch_size: int = 8192
     fields: int = 8
     id_space: int = 4_000_000

@@ -135,7 +135,7 @@ def test_partition_returns_shard_keys_with_their_positions() -> None:
 
 @needs_4_cpus
 def test_operations_work_eagerly_and_in_tf_function_across_shards() -> None:
-    var = ds.get_variable("ops", dim=1, devices=CPUS[:4], initializer=-1.0)
+    var = ds.get_variable("ops", dim=1, devices=CPUS[:2], initializer=-1.0)
 
     @tf.function
     def run(keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
