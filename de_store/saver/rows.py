@@ -7,7 +7,7 @@ A :class:`VariableRows` holds, per table shard, the keys and every per-key colum
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,9 @@ from de_store.errors import CheckpointError
 from de_store.saver.manifest import ColumnSpec, VariableEntry
 
 VALUE_COLUMN = "value"
+#: Rows per upsert on restore: large enough to amortise the per-call cost, small enough
+#: for the table's insert to stay fast (it slows down on much larger batches).
+UPSERT_ROWS = 1 << 18
 
 
 @dataclasses.dataclass
@@ -84,7 +87,8 @@ def rows_from_tensors(
     names = list(specs)
     shards = []
     for tensors in per_shard:
-        arrays = [t.numpy() if hasattr(t, "numpy") else np.asarray(t) for t in tensors]
+        # np.asarray shares a CPU tensor's buffer; Tensor.numpy() would copy every row
+        arrays = [np.asarray(t) for t in tensors]
         shards.append(ShardRows(arrays[0], dict(zip(names, arrays[1:], strict=True))))
     return VariableRows(
         name=variable.name,
@@ -131,9 +135,35 @@ def apply_rows(variable: Any, specs: dict[str, ColumnSpec], batches: Iterable[Sh
     for column, spec in specs.items():
         if column != VALUE_COLUMN:
             targets[column] = variable.companion(column, spec.dim, tf.as_dtype(spec.dtype))
-    for batch in batches:
-        if not batch.rows:
-            continue
+    for batch in coalesce(batches, UPSERT_ROWS):
         keys = tf.constant(batch.keys)
         for column, target in targets.items():
             target.upsert(keys, tf.constant(batch.columns[column]))
+
+
+def coalesce(batches: Iterable[ShardRows], rows: int) -> Iterator[ShardRows]:
+    """The rows of ``batches``, in order, regrouped into batches of about ``rows`` rows.
+
+    A restore reads one small part per key bucket; each upsert has a fixed cost, so the
+    parts are concatenated into few large upserts. Empty batches are dropped.
+    """
+    pending: list[ShardRows] = []
+    held = 0
+    for batch in batches:
+        if not batch.rows:
+            continue
+        pending.append(batch)
+        held += batch.rows
+        if held >= rows:
+            yield _concat(pending)
+            pending, held = [], 0
+    if pending:
+        yield _concat(pending)
+
+
+def _concat(batches: list[ShardRows]) -> ShardRows:
+    if len(batches) == 1:
+        return batches[0]
+    keys = np.concatenate([b.keys for b in batches])
+    columns = {n: np.concatenate([b.columns[n] for b in batches]) for n in batches[0].columns}
+    return ShardRows(keys, columns)

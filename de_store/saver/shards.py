@@ -70,18 +70,24 @@ def _bucketed_batches(
     out: list[int],
 ) -> Iterator[pa.RecordBatch]:
     """Batches of one bucket each, at most ``buffer_size`` rows; ``out`` gets their buckets."""
-    order = np.argsort(buckets, kind="stable")
-    counts = np.bincount(buckets, minlength=num_buckets)
+    order, counts = bucket_order(buckets, num_buckets)
     ends = np.cumsum(counts)
     for bucket in np.flatnonzero(counts):
         bucket_end = int(ends[bucket])
         for start in range(bucket_end - int(counts[bucket]), bucket_end, buffer_size):
             index = order[start : min(start + buffer_size, bucket_end)]
-            extras = {n: c[index] for n, c in shard.columns.items() if n != VALUE_COLUMN}
+            # np.take gathers rows about twice as fast as fancy indexing
+            columns = {n: np.take(c, index, axis=0) for n, c in shard.columns.items()}
+            values = columns.pop(VALUE_COLUMN)
             out.append(int(bucket))
-            yield batch_from_numpy(
-                shard.keys[index], shard.columns[VALUE_COLUMN][index], extras, schema=schema
-            )
+            yield batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
+
+
+def bucket_order(buckets: np.ndarray, num_buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """The row order that groups rows by bucket (stable), and the rows of each bucket."""
+    # numpy radix-sorts 16-bit integers (kind="stable"): ~10x faster than sorting int64
+    small = buckets.astype(np.int16 if num_buckets <= 1 << 15 else np.int32)
+    return np.argsort(small, kind="stable"), np.bincount(small, minlength=num_buckets)
 
 
 def _string_keys(keys: np.ndarray) -> np.ndarray:

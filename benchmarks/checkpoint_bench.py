@@ -1,0 +1,342 @@
+"""Checkpoint save and restore of a dynamic embedding table, against raw references.
+
+Measures, through the user path (``de_store.get_variable`` with a ``FileSystemSaver`` and
+``tf.train.Checkpoint``), on a local temporary directory:
+
+* ``sync_save_s``: ``Checkpoint.write``;
+* ``async_block_s`` / ``async_total_s``: ``Checkpoint.save`` with
+  ``CheckpointOptions(enable_async=True)`` until it returns / until ``Checkpoint.sync()``
+  returns (the first async save, so it includes tracing the snapshot function);
+* ``restore_s``: ``Checkpoint.read`` in a fresh process, files evicted from the page cache
+  first (``import tensorflow`` is timed apart, as ``restore_import_tf_s``);
+* ``reshard_restore_s``: the same into a variable with another number of shards (logical
+  CPU devices);
+* references on the same bytes (``N * 8`` key bytes + ``N * D * 4`` value bytes):
+  ``numpy.tofile`` + fsync, a cold ``numpy.fromfile``, and TF's own checkpoint of a dense
+  ``[N, D]`` variable (write, then a cold read in a fresh process);
+* ``peak_rss_save_bytes``: the process's peak RSS while the synchronous save runs (sampled
+  every 5 ms), next to ``rss_before_save_bytes`` and ``table_bytes`` (the table's variables).
+
+Each save also goes through ``de_store.save`` per shard format (``format_<name>_save_s``,
+``format_<name>_restore_s``). Ratios to the references are in ``ratios``. Figures on a
+shared machine are noisy: compare ratios from the same run.
+
+Usage::
+
+    python benchmarks/checkpoint_bench.py --keys 10000000 --dim 16
+
+The last stdout line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+FILL_BATCH = 1 << 20
+SEED = 1234
+RESULT_TAG = "RESULT "
+
+
+# --- helpers shared by the phases ----------------------------------------------------------
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def drop_cache(root: str) -> None:
+    """Evict every file under ``root`` (fsynced first) from the page cache: cold reads."""
+    paths = [root] if os.path.isfile(root) else []
+    for folder, _, files in os.walk(root):
+        paths += [os.path.join(folder, f) for f in files]
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def rows(keys: int, dim: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The benchmark's rows, in batches: unique int64 keys spread over the whole range."""
+    rng = np.random.default_rng(SEED)
+    for start in range(0, keys, FILL_BATCH):
+        n = min(FILL_BATCH, keys - start)
+        ids = np.arange(start, start + n, dtype=np.int64)
+        # an odd multiplier permutes int64: unique keys, no order, every bucket used
+        batch_keys = ids * np.int64(-7046029254386353131)
+        yield batch_keys, rng.standard_normal((n, dim), dtype=np.float32)
+
+
+def sample_rows(keys: int, dim: int, count: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``count`` rows of every batch, for verifying a restore."""
+    picked = [(k[:count], v[:count]) for k, v in rows(keys, dim)]
+    return np.concatenate([k for k, _ in picked]), np.concatenate([v for _, v in picked])
+
+
+class PeakRss:
+    """Samples this process's RSS every ``interval`` seconds while in the ``with`` block."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self._interval = interval
+        self._stop = threading.Event()
+        self.peak = 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._process.memory_info().rss)
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> PeakRss:
+        self.peak = self._process.memory_info().rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+
+def setup_tf(shards: int) -> tuple[Any, Any, float]:
+    """Import TF with ``shards`` logical CPUs; return (tf, de_store, import seconds)."""
+    start = time.perf_counter()
+    import tensorflow as tf
+
+    import de_store
+
+    seconds = time.perf_counter() - start
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if shards > 1:
+        config = [tf.config.LogicalDeviceConfiguration() for _ in range(shards)]
+        tf.config.set_logical_device_configuration(cpu, config)
+    return tf, de_store, seconds
+
+
+def make_variable(tf: Any, de_store: Any, args: argparse.Namespace, shards: int) -> Any:
+    devices = [f"/CPU:{i}" for i in range(shards)] if shards > 1 else None
+    saver = de_store.FileSystemSaver(format=args.format)
+    return de_store.get_variable(
+        "embedding",
+        key_dtype=tf.int64,
+        value_dtype=tf.float32,
+        dim=args.dim,
+        devices=devices,
+        init_size=args.keys,
+        kv_creator=de_store.HashTableCreator(saver=saver),
+    )
+
+
+def table_bytes(variable: Any) -> int:
+    total = 0
+    for shard in variable.shards:
+        size = getattr(shard, "memory_bytes", None)
+        if size is not None:
+            total += int(size())
+        else:
+            total += sum(int(np.prod(v.shape)) * v.dtype.size for v in shard.variables)
+    return total
+
+
+def emit(result: dict[str, Any]) -> None:
+    print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+# --- phase: save (one process: raw write, fill, saves, TF dense save) -----------------------
+def raw_write(path: str, keys: int, dim: int) -> float:
+    """Seconds to write the rows (keys then values) with ``tofile`` and fsync them."""
+    seconds = 0.0
+    with open(path + ".keys", "wb") as fk, open(path + ".values", "wb") as fv:
+        for batch_keys, batch_values in rows(keys, dim):
+            start = time.perf_counter()
+            batch_keys.tofile(fk)
+            batch_values.tofile(fv)
+            seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        for f in (fk, fv):
+            f.flush()
+            os.fsync(f.fileno())
+        seconds += time.perf_counter() - start
+    return seconds
+
+
+def phase_save(args: argparse.Namespace) -> None:
+    out: dict[str, Any] = {}
+    out["raw_write_fsync_s"] = raw_write(os.path.join(args.dir, "raw"), args.keys, args.dim)
+    tf, de_store, _ = setup_tf(args.shards)
+    out.update(table_saves(tf, de_store, args))
+    out.update(tf_dense_save(tf, args))
+    emit(out)
+
+
+def table_saves(tf: Any, de_store: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Fill the table, then save it: sync (peak RSS sampled), async twice, each format."""
+    out: dict[str, Any] = {}
+    variable = make_variable(tf, de_store, args, args.shards)
+    start = time.perf_counter()
+    for batch_keys, batch_values in rows(args.keys, args.dim):
+        variable.upsert(batch_keys, batch_values)
+    out["fill_s"] = time.perf_counter() - start
+    out["table_keys"] = int(variable.size())
+    out["table_bytes"] = table_bytes(variable)
+    checkpoint = tf.train.Checkpoint(embedding=variable)
+    with PeakRss() as rss:
+        out["rss_before_save_bytes"] = rss.peak
+        out["sync_save_s"], _ = timed(lambda: checkpoint.write(os.path.join(args.dir, "sync")))
+    out["peak_rss_save_bytes"] = rss.peak
+    options = tf.train.CheckpointOptions(enable_async=True)
+    prefix = os.path.join(args.dir, "async", "ckpt")
+    for suffix in ("", "_second"):
+        start = time.perf_counter()
+        checkpoint.save(prefix, options=options)
+        out[f"async_block{suffix}_s"] = time.perf_counter() - start
+        checkpoint.sync()
+        out[f"async_total{suffix}_s"] = time.perf_counter() - start
+    for name in args.formats:
+        url = os.path.join(args.dir, f"format-{name}")
+        out[f"format_{name}_save_s"], _ = timed(
+            lambda url=url, name=name: de_store.save([variable], url, format=name, blocking=True)
+        )
+    return out
+
+
+def tf_dense_save(tf: Any, args: argparse.Namespace) -> dict[str, float]:
+    dense = tf.Variable(tf.zeros([args.keys, args.dim], tf.float32))
+    for start in range(0, args.keys, FILL_BATCH):
+        n = min(FILL_BATCH, args.keys - start)
+        dense[start : start + n].assign(tf.random.normal([n, args.dim]))
+    checkpoint = tf.train.Checkpoint(dense=dense)
+    seconds, _ = timed(lambda: checkpoint.write(os.path.join(args.dir, "dense", "ckpt")))
+    return {"tf_dense_save_s": seconds}
+
+
+# --- phase: restore (a fresh process per restore) ------------------------------------------
+def phase_restore(args: argparse.Namespace) -> None:
+    drop_cache(args.dir)
+    tf, de_store, import_s = setup_tf(args.shards)
+    variable = make_variable(tf, de_store, args, args.shards)
+    checkpoint = tf.train.Checkpoint(embedding=variable)
+    out: dict[str, Any] = {"import_tf_s": import_s}
+    out["restore_s"], _ = timed(lambda: checkpoint.read(os.path.join(args.dir, "sync")))
+    out["restored_keys"] = int(variable.size())
+    out["verified"] = verify(variable, args)
+    if args.shards == args.save_shards:
+        for name in args.formats:
+            drop_cache(args.dir)
+            url = os.path.join(args.dir, f"format-{name}")
+            out[f"format_{name}_restore_s"], _ = timed(
+                lambda url=url: de_store.restore([variable], url)
+            )
+            out["verified"] = out["verified"] and verify(variable, args)
+        del checkpoint, variable
+        drop_cache(args.dir)
+        dense = tf.Variable(tf.zeros([args.keys, args.dim], tf.float32))
+        dense_checkpoint = tf.train.Checkpoint(dense=dense)
+        path = os.path.join(args.dir, "dense", "ckpt")
+        out["tf_dense_restore_s"], _ = timed(lambda: dense_checkpoint.read(path))
+    emit(out)
+
+
+def verify(variable: Any, args: argparse.Namespace) -> bool:
+    keys, values = sample_rows(args.keys, args.dim)
+    found, exists = variable.lookup(keys, return_exists=True)
+    return bool(np.all(exists.numpy())) and bool(np.array_equal(found.numpy(), values))
+
+
+def phase_raw_read(args: argparse.Namespace) -> None:
+    path = os.path.join(args.dir, "raw")
+    drop_cache(path + ".keys")
+    drop_cache(path + ".values")
+    start = time.perf_counter()
+    keys = np.fromfile(path + ".keys", dtype=np.int64)
+    values = np.fromfile(path + ".values", dtype=np.float32).reshape(-1, args.dim)
+    seconds = time.perf_counter() - start
+    emit({"raw_read_s": seconds, "raw_rows": len(keys), "raw_values": len(values)})
+
+
+# --- driver -----------------------------------------------------------------------------
+def run_phase(args: argparse.Namespace, phase: str, **changes: Any) -> dict[str, Any]:
+    """Run ``phase`` in a fresh Python process; return the figures it printed."""
+    values = {**vars(args), **changes}
+    command = [sys.executable, os.path.abspath(__file__), "--phase", phase]
+    command += ["--keys", str(values["keys"]), "--dim", str(values["dim"])]
+    command += ["--shards", str(values["shards"]), "--save-shards", str(args.shards)]
+    command += ["--format", values["format"], "--dir", values["dir"]]
+    command += ["--formats", *values["formats"]] if values["formats"] else []
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_TAG)]
+    if done.returncode != 0 or not lines:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise RuntimeError(f"phase {phase!r} failed with exit status {done.returncode}")
+    return json.loads(lines[-1][len(RESULT_TAG) :])
+
+
+def ratios(r: dict[str, Any]) -> dict[str, float]:
+    out = {
+        "sync_save_over_raw_write": r["sync_save_s"] / r["raw_write_fsync_s"],
+        "async_block_over_sync_save": r["async_block_s"] / r["sync_save_s"],
+        "async_block_second_over_sync_save": r["async_block_second_s"] / r["sync_save_s"],
+        "restore_over_raw_read": r["restore_s"] / r["raw_read_s"],
+        "reshard_restore_over_raw_read": r["reshard_restore_s"] / r["raw_read_s"],
+        "sync_save_over_tf_dense_save": r["sync_save_s"] / r["tf_dense_save_s"],
+        "restore_over_tf_dense_restore": r["restore_s"] / r["tf_dense_restore_s"],
+        "peak_rss_save_over_before_mb": (r["peak_rss_save_bytes"] - r["rss_before_save_bytes"])
+        / 2**20,
+    }
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--shards", type=int, default=1, help="table shards (logical CPUs)")
+    parser.add_argument("--reshard", type=int, default=2, help="shards of the reshard restore")
+    parser.add_argument("--format", default="parquet", help="format of the FileSystemSaver")
+    parser.add_argument("--formats", nargs="*", default=["parquet", "arrow"])
+    parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--save-shards", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase is not None:
+        {"save": phase_save, "restore": phase_restore, "raw_read": phase_raw_read}[args.phase](args)
+        return
+    args.dir = tempfile.mkdtemp(prefix="de_store_ckpt_bench_", dir="/tmp")
+    try:
+        result: dict[str, Any] = {"keys": args.keys, "dim": args.dim, "format": args.format}
+        result.update(run_phase(args, "save"))
+        print(f"save phase: {json.dumps(result)}", flush=True)
+        result.update(run_phase(args, "raw_read"))
+        restore = run_phase(args, "restore")
+        result["restore_import_tf_s"] = restore.pop("import_tf_s")
+        result.update(restore)
+        print(f"restore phase: {json.dumps(restore)}", flush=True)
+        reshard = run_phase(args, "restore", shards=args.reshard, formats=[])
+        result["reshard_restore_s"] = reshard["restore_s"]
+        result["reshard_shards"] = args.reshard
+        result["reshard_verified"] = reshard["verified"]
+        result["ratios"] = ratios(result)
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
