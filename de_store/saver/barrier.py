@@ -22,11 +22,16 @@ _POLL_MAX_S = 0.25
 
 
 class Barrier(abc.ABC):
-    """Blocks each rank in :meth:`wait` until all ranks have called it with the same tag."""
+    """Gathers the ranks of a save at rank 0.
+
+    Rank 0 returns from :meth:`wait` only once every rank has called it with the same tag;
+    other ranks may return as soon as they have arrived (they then wait for rank 0's commit,
+    which they see in the storage itself).
+    """
 
     @abc.abstractmethod
     def wait(self, tag: str, timeout_s: float) -> None:
-        """Return once every rank called ``wait(tag)``.
+        """Arrive at ``tag``; on rank 0, return once every rank has arrived.
 
         Raises
         ------
@@ -36,7 +41,7 @@ class Barrier(abc.ABC):
 
 
 class StorageBarrier(Barrier):
-    """A barrier made of arrival files under ``folder`` of a shared backend."""
+    """Arrival files under ``folder`` of a shared backend; rank 0 polls for all of them."""
 
     def __init__(self, backend: Backend, folder: str, topology: Topology) -> None:
         self._backend = backend
@@ -48,6 +53,8 @@ class StorageBarrier(Barrier):
 
     def wait(self, tag: str, timeout_s: float) -> None:
         self._backend.write_bytes(self._arrival(tag, self._topology.proc_rank), b"")
+        if not self._topology.is_chief:
+            return  # rank 0 may commit (and rename the folder) as soon as all have arrived
         missing = wait_for_paths(
             self._backend,
             {r: self._arrival(tag, r) for r in range(self._topology.proc_size)},
