@@ -108,7 +108,7 @@ def test_tf_checkpoint_from_several_processes(
                 str(r),
                 str(KEYS_PER_RANK),
                 "{}",
-            ]  # fmt: skip
+            ]
             for r in range(2)
         ]
     )
