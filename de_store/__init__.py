@@ -1,37 +1,71 @@
-"""Dynamic embedding tables for TensorFlow with fast, safe checkpoints."""
+"""Dynamic embedding tables for TensorFlow with fast, safe checkpoints.
+
+The TensorFlow-dependent names are imported on first use, so the ``de-store`` command and
+tools that only read checkpoints (``de_store.backends``, ``de_store.formats``) start without
+importing TensorFlow.
+"""
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from de_store.embedding import TrainableWrapper, embedding_lookup
-from de_store.partition import default_partition_fn
-from de_store.restrict import FrequencyRestrictPolicy, RestrictPolicy, TimestampRestrictPolicy
-from de_store.saver import FileSystemSaver, SaveHandle, restore, save
-from de_store.variable import HashTableCreator, Variable, get_variable
+if TYPE_CHECKING:
+    from de_store.embedding import TrainableWrapper, embedding_lookup
+    from de_store.partition import default_partition_fn
+    from de_store.restrict import (
+        FrequencyRestrictPolicy,
+        RestrictPolicy,
+        TimestampRestrictPolicy,
+    )
+    from de_store.saver import FileSystemSaver, SaveHandle, restore, save
+    from de_store.variable import HashTableCreator, Variable, get_variable
 
+#: public name -> module that defines it (imported on first access)
+_LAZY_NAMES = {
+    "TrainableWrapper": "de_store.embedding",
+    "embedding_lookup": "de_store.embedding",
+    "default_partition_fn": "de_store.partition",
+    "FrequencyRestrictPolicy": "de_store.restrict",
+    "RestrictPolicy": "de_store.restrict",
+    "TimestampRestrictPolicy": "de_store.restrict",
+    "FileSystemSaver": "de_store.saver",
+    "SaveHandle": "de_store.saver",
+    "restore": "de_store.saver",
+    "save": "de_store.saver",
+    "HashTableCreator": "de_store.variable",
+    "Variable": "de_store.variable",
+    "get_variable": "de_store.variable",
+}
 _LAZY_SUBMODULES = ("keras", "optimizers")  # import keras only when asked for
 
 
 def __getattr__(name: str) -> Any:
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"de_store.{name}")
     raise AttributeError(f"module 'de_store' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY_NAMES, *_LAZY_SUBMODULES])
+
+
 __all__ = [
     "FileSystemSaver",
-    "SaveHandle",
-    "restore",
-    "save",
     "FrequencyRestrictPolicy",
     "HashTableCreator",
     "RestrictPolicy",
+    "SaveHandle",
     "TimestampRestrictPolicy",
     "TrainableWrapper",
     "Variable",
     "default_partition_fn",
     "embedding_lookup",
     "get_variable",
+    "restore",
+    "save",
 ]

@@ -492,3 +492,8 @@ def _check_same(existing: Variable, key_dtype: tf.DType, value_dtype: tf.DType, 
             f"variable '{existing.name}' exists with (key_dtype, value_dtype, dim) = {held}; "
             f"get_variable asked for {asked}"
         )
+
+
+# Registers the TF checkpoint saver before any Variable exists: tf.train.Checkpoint saves
+# Variables that have a FileSystemSaver through it. (Imported last: it imports this module.)
+from de_store.saver import tf_hook as _tf_hook  # noqa: E402, F401

@@ -34,8 +34,6 @@ def top_folders(backend: Backend) -> list[str]:
 
 def find_orphans(backend: Backend, keep: str | None = None) -> list[Garbage]:
     """Committed checkpoints whose TF checkpoint (``manifest.metadata['tf_prefix']``) is gone."""
-    import tensorflow as tf
-
     found = []
     for folder in top_folders(backend):
         if folder == keep or committed_folder(backend, folder) != folder:
@@ -45,7 +43,11 @@ def find_orphans(backend: Backend, keep: str | None = None) -> list[Garbage]:
         except CheckpointError:
             continue
         prefix = manifest.metadata.get("tf_prefix")
-        if prefix and not tf.io.gfile.exists(prefix + ".index"):
+        if not prefix:
+            continue
+        import tensorflow as tf  # only for checkpoints saved through tf.train.Checkpoint
+
+        if not tf.io.gfile.exists(prefix + ".index"):
             found.append(Garbage(folder, f"its TF checkpoint {prefix} no longer exists"))
     return found
 

@@ -1,0 +1,272 @@
+"""The ``de-store`` command: demo, ls, inspect, verify, convert, gc.
+
+A thin layer over :mod:`de_store.catalog`, :mod:`de_store.saver.verify`,
+:mod:`de_store.convert`, :mod:`de_store.saver.gc` and :mod:`de_store.demo`. Only ``demo``
+and ``convert`` import TensorFlow. Errors print as one line ``de-store: error: ...`` with
+exit code 1 (2 for usage errors); ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    common.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        type=_json_object,
+        default=None,
+        help='fsspec options for the URLs, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'',
+    )
+    parser = argparse.ArgumentParser(
+        prog="de-store",
+        description="Inspect, verify, convert and clean de_store checkpoints.",
+        epilog="Options shared by every command go after it: de-store verify --quiet URL.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", parents=[common], help="train, save async, reshard, check")
+    demo.add_argument("dir", nargs="?", default="de_store_demo", help="folder or URL")
+    demo.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    demo.add_argument("--ids", type=int, default=1_000_000, help="id space (default 1000000)")
+    demo.add_argument("--save-shards", type=int, default=2, help="table shards saving (2)")
+    demo.add_argument("--restore-shards", type=int, default=3, help="shards restoring (3)")
+
+    ls = sub.add_parser("ls", parents=[common], help="checkpoints under a path")
+    ls.add_argument("url")
+    ls.add_argument("--json", action="store_true", help="one JSON list for scripts")
+
+    inspect = sub.add_parser("inspect", parents=[common], help="what a checkpoint holds")
+    inspect.add_argument("url")
+    inspect.add_argument("--json", action="store_true", help="one JSON object for scripts")
+
+    verify = sub.add_parser("verify", parents=[common], help="check completeness and checksums")
+    verify.add_argument("url")
+
+    convert = sub.add_parser("convert", parents=[common], help="change format, TFRA in and out")
+    convert.add_argument("src", help="a committed checkpoint, or a TFRA folder (give --dim)")
+    convert.add_argument("dst", help="new checkpoint folder, or the TFRA folder to write")
+    convert.add_argument("--to", required=True, choices=["parquet", "arrow", "binary", "tfra"])
+    convert.add_argument("--dim", type=int, help="dim of the TFRA variables read")
+    convert.add_argument("--key-dtype", default="int64", help="TFRA key dtype (int64)")
+    convert.add_argument("--value-dtype", default="float32", help="TFRA value dtype (float32)")
+    convert.add_argument(
+        "--name", action="append", default=[], help="only this variable (repeatable)"
+    )
+    convert.add_argument(
+        "--values-only", action="store_true", help="drop extra columns (optimizer slots)"
+    )
+
+    gc = sub.add_parser("gc", parents=[common], help="remove uncommitted and orphaned data")
+    gc.add_argument("url")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be removed")
+    return parser
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {err}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``de-store`` with ``argv`` (default: the command line); return the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    try:
+        return int(_COMMANDS[args.command](args))
+    except KeyboardInterrupt:
+        print("de-store: interrupted", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as err:
+        if args.debug:
+            raise
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"de-store: error: {message}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(err, _UsageError) else EXIT_FAILED
+
+
+class _UsageError(ValueError):
+    """Arguments that do not fit together."""
+
+
+def _progress(args: argparse.Namespace, unit: str = "B") -> Any:
+    from de_store.progress import progress_for
+
+    return lambda total, label: progress_for(total, label, quiet=args.quiet, unit=unit)
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    raise AssertionError
+
+
+# --- commands ---------------------------------------------------------------------------
+def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.save_shards < 1 or args.restore_shards < 1 or args.steps < 1 or args.ids < 1:
+        raise _UsageError("--steps, --ids, --save-shards and --restore-shards must be >= 1")
+    from de_store import demo
+
+    return (
+        EXIT_OK
+        if demo.run(
+            args.dir,
+            steps=args.steps,
+            ids=args.ids,
+            save_shards=args.save_shards,
+            restore_shards=args.restore_shards,
+        )
+        else EXIT_FAILED
+    )
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from de_store.catalog import list_checkpoints
+
+    found = list_checkpoints(args.url, args.storage_options)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(s) for s in found], indent=1))
+        return EXIT_OK
+    if not found:
+        print(f"no checkpoints under {args.url}")
+        return EXIT_OK
+    rows = [("PATH", "STATUS", "STEP", "COMMITTED", "SIZE", "VARIABLES")]
+    for s in found:
+        step = "-" if s.step is None else str(s.step)
+        count = "-" if s.variables is None else str(s.variables)
+        rows.append((s.path or ".", s.status, step, _when(s.committed), _size(s.bytes), count))
+    _print_table(rows)
+    return EXIT_OK
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from de_store.catalog import describe
+
+    info = describe(args.url, args.storage_options)
+    if args.json:
+        print(json.dumps(info, indent=1, sort_keys=True))
+        return EXIT_OK
+    topology = info["topology"]
+    print(f"checkpoint  {info['url']}")
+    print(f"committed   {_when(info['committed'])} (generation {info['generation']})")
+    print(f"size        {_size(info['bytes'])}, {info['rows']:,} rows")
+    per_rank = ", ".join(f"rank {r}: {n}" for r, n in topology["shards_per_rank"].items())
+    print(f"saved by    {topology['proc_size']} process(es); shards {per_rank}")
+    if info["metadata"]:
+        print(f"metadata    {json.dumps(info['metadata'], sort_keys=True)}")
+    rows = [("VARIABLE", "DIM", "KEY", "VALUE", "COLUMNS", "ROWS", "SHARDS", "SIZE", "FORMAT")]
+    for name, v in info["variables"].items():
+        extras = ",".join(c for c in v["columns"] if c != "value") or "-"
+        rows.append(
+            (
+                name,
+                str(v["dim"]),
+                v["key_dtype"],
+                v["value_dtype"],
+                extras,
+                f"{v['rows']:,}",
+                str(v["shards"]),
+                _size(v["bytes"]),
+                v["format"],
+            )
+        )
+    _print_table(rows)
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from de_store.catalog import open_location
+    from de_store.progress import progress_for
+    from de_store.saver.verify import verify_checkpoint
+
+    backend, name = open_location(args.url, args.storage_options)
+    with progress_for(0, "verify", quiet=args.quiet) as progress:
+        report = verify_checkpoint(backend, name, progress=progress)
+    for problem in report.problems:
+        print(f"BAD {problem.path}: {problem.message}")
+    if report.ok:
+        print(
+            f"OK {args.url}: {report.files} files, {_size(report.bytes)}, "
+            f"{report.rows:,} rows, every checksum matches"
+        )
+        return EXIT_OK
+    print(f"de-store: error: {args.url}: {len(report.problems)} problem(s)", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from de_store.convert import TfraOptions, convert
+
+    tfra_options = TfraOptions(args.dim, args.key_dtype, args.value_dtype, tuple(args.name))
+    summary = convert(
+        args.src,
+        args.dst,
+        args.to,
+        storage_options=args.storage_options,
+        tfra_options=tfra_options,
+        values_only=args.values_only,
+        progress_factory=_progress(args, unit="shards"),
+    )
+    print(summary)
+    return EXIT_OK
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from de_store.backends import open_backend
+    from de_store.saver.gc import collect
+
+    garbage = collect(open_backend(args.url, args.storage_options), dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for item in garbage:
+        print(f"{verb} {item.folder}: {item.reason}")
+    print(f"{verb} {len(garbage)} folder(s) under {args.url}")
+    return EXIT_OK
+
+
+_COMMANDS = {
+    "demo": _cmd_demo,
+    "ls": _cmd_ls,
+    "inspect": _cmd_inspect,
+    "verify": _cmd_verify,
+    "convert": _cmd_convert,
+    "gc": _cmd_gc,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""Converting checkpoints (``de-store convert``): between shard formats, from and to TFRA.
+
+- de_store checkpoint -> de_store checkpoint in another shard format (same ranks, shards,
+  rows and columns; a new committed checkpoint).
+- TFRA ``TFRADynamicEmbedding`` folder -> committed de_store checkpoint: TFRA's rank ``r``
+  becomes rank ``r``, its table ``i`` shard ``i - 1`` of that rank.
+- de_store checkpoint -> TFRA layout: keys and values, ``num_tables`` = shards per rank,
+  partitioned by ``key mod num_tables`` as TFRA's default partitioner does.
+
+Rows are held one variable and one rank at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from de_store.backends import Backend, open_backend
+from de_store.catalog import open_location
+from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
+from de_store.formats import FORMATS, batch_to_numpy, tfra
+from de_store.formats.batches import batch_from_numpy
+from de_store.formats.binary import KEYS_SUFFIX, VALUES_SUFFIX, decode_pair, numpy_dtype
+from de_store.progress import NO_PROGRESS, Progress
+from de_store.saver.commit import commit_strategy, read_manifest
+from de_store.saver.manifest import (
+    ColumnSpec,
+    RankManifest,
+    VariableEntry,
+    merge_rank_manifests,
+    to_json,
+)
+
+#: Target names of ``de-store convert --to``.
+TARGETS = (*sorted(FORMATS), "tfra")
+_TFRA_FILE = re.compile(r"^(?:.*/)?(.+)_mht_(\d+)of(\d+)_rank(\d+)_size(\d+)-keys$")
+
+
+@dataclasses.dataclass
+class SourceVariable:
+    """A variable to convert: its schema and, per rank, loaders of its shards in order."""
+
+    name: str
+    key_dtype: str
+    value_dtype: str
+    dim: int
+    columns: dict[str, ColumnSpec]
+    proc_size: int
+    #: rank -> [(global shard id, load() -> (keys, {column: rows}))]
+    shards: dict[int, list[tuple[int, Callable[[], Any]]]]
+
+
+# --- sources ----------------------------------------------------------------------------
+def checkpoint_source(backend: Backend, name: str) -> list[SourceVariable]:
+    """The variables of the committed de_store checkpoint ``name`` under ``backend``."""
+    from de_store.saver import shards  # imports TensorFlow (string key hashing)
+
+    folder, manifest = read_manifest(backend, name)
+    folder_backend = backend.sub(folder)
+
+    def loader(record: Any) -> Callable[[], Any]:
+        def load() -> Any:
+            parts = list(range(len(record.part_buckets)))
+            batches = list(
+                shards.read_shard_rows(folder_backend, record, parts, buffer_size=1 << 16)
+            )
+            return _concat_rows([(b.keys, b.columns) for b in batches], record.info)
+
+        return load
+
+    out = []
+    for entry in manifest.variables.values():
+        by_rank: dict[int, list[tuple[int, Callable[[], Any]]]] = {}
+        for record in sorted(entry.shards, key=lambda s: (s.rank, s.shard)):
+            by_rank.setdefault(record.rank, []).append((record.shard, loader(record)))
+        out.append(
+            SourceVariable(
+                entry.name,
+                entry.key_dtype,
+                entry.value_dtype,
+                entry.dim,
+                dict(entry.columns),
+                manifest.proc_size,
+                by_rank,
+            )
+        )
+    return out
+
+
+def _concat_rows(batches: list[tuple[np.ndarray, dict[str, np.ndarray]]], info: Any) -> Any:
+    if not batches:
+        raise CheckpointError(f"shard {info['path']} yielded no batch")
+    keys = np.concatenate([k for k, _ in batches])
+    columns = {c: np.concatenate([cols[c] for _, cols in batches]) for c in batches[0][1]}
+    return keys, columns
+
+
+def tfra_variable_names(backend: Backend) -> list[str]:
+    """Names of the variables (``/`` shown as ``_``) in a TFRA folder."""
+    return sorted({m.group(1) for p in backend.list() if (m := _TFRA_FILE.match(p))})
+
+
+def tfra_source(
+    backend: Backend,
+    names: list[str] | None,
+    *,
+    dim: int,
+    key_dtype: str,
+    value_dtype: str,
+) -> list[SourceVariable]:
+    """The variables ``names`` (default: all) of a TFRA folder, read with ``dim`` and dtypes."""
+    names = names or tfra_variable_names(backend)
+    if not names:
+        raise FormatError(f"no TFRA files (*_mht_*of*_rank*_size*-keys) under {backend.url}")
+    out = []
+    for name in names:
+        paths = tfra.find_files(backend, name)
+        by_rank: dict[int, list[tuple[int, Callable[[], Any]]]] = {}
+        proc_size = 1
+        for path in paths:
+            match = _TFRA_FILE.match(path)
+            assert match is not None
+            table, num_tables, rank, proc_size = (int(g) for g in match.groups()[1:])
+            load = _tfra_loader(backend, path, name, dim, key_dtype, value_dtype)
+            by_rank.setdefault(rank, []).append((rank * num_tables + table - 1, load))
+        columns = {"value": ColumnSpec(value_dtype, dim)}
+        out.append(SourceVariable(name, key_dtype, value_dtype, dim, columns, proc_size, by_rank))
+    return out
+
+
+def _tfra_loader(
+    backend: Backend, keys_path: str, name: str, dim: int, key_dtype: str, value_dtype: str
+) -> Callable[[], Any]:
+    values_path = keys_path[: -len(KEYS_SUFFIX)] + VALUES_SUFFIX
+    schema = tfra.SchemaInfo(name, dim, key_dtype, value_dtype)
+    key_size = numpy_dtype(key_dtype).itemsize
+    row_size = numpy_dtype(value_dtype).itemsize * dim
+
+    def load() -> Any:
+        keys, values = backend.read_bytes(keys_path), backend.read_bytes(values_path)
+        if len(keys) % key_size or len(values) != len(keys) // key_size * row_size:
+            raise FormatError(
+                f"TFRA files {keys_path} ({len(keys)} bytes) and {values_path} "
+                f"({len(values)} bytes) under {backend.url} do not fit key_dtype={key_dtype}, "
+                f"value_dtype={value_dtype}, dim={dim}: check --dim and the dtypes"
+            )
+        key_array, value_array, _ = batch_to_numpy(decode_pair(keys, values, schema.arrow_schema()))
+        return key_array, {"value": value_array}
+
+    return load
+
+
+# --- targets ----------------------------------------------------------------------------
+def write_checkpoint(
+    variables: list[SourceVariable],
+    backend: Backend,
+    name: str,
+    format_name: str,
+    *,
+    buffer_size: int = 65536,
+    metadata: dict[str, Any] | None = None,
+    progress: Progress = NO_PROGRESS,
+) -> None:
+    """Write ``variables`` as the new committed checkpoint ``name`` in ``format_name``."""
+    from de_store.saver import shards
+    from de_store.saver.rows import ShardRows, VariableRows
+
+    if backend.exists(name):
+        raise CheckpointError(
+            f"{backend.url.rstrip('/')}/{name} exists already: convert writes a new checkpoint"
+        )
+    strategy = commit_strategy(backend, name)
+    staging = backend.sub(strategy.staging)
+    proc_size = max(v.proc_size for v in variables)
+    entries: dict[int, dict[str, VariableEntry]] = {r: {} for r in range(proc_size)}
+    for var in variables:
+        for rank, loaders in sorted(var.shards.items()):
+            loaded = [(shard_id, load()) for shard_id, load in loaders]
+            rows = VariableRows(
+                var.name,
+                var.key_dtype,
+                var.value_dtype,
+                var.dim,
+                var.columns,
+                [ShardRows(keys, {c: cols[c] for c in var.columns}) for _, (keys, cols) in loaded],
+            )
+            records = [
+                shards.write_shard(
+                    staging,
+                    rows,
+                    index,
+                    rank=rank,
+                    global_shard=shard_id,
+                    format_name=format_name,
+                    buffer_size=buffer_size,
+                )
+                for index, (shard_id, _) in enumerate(loaded)
+            ]
+            entries[rank][var.name] = shards.entry_for(rows, records, format_name)
+            progress.update(len(records))
+    ranks = [RankManifest(r, proc_size, entries[r]) for r in range(proc_size)]
+    for manifest in ranks:
+        staging.write_bytes(f"_ranks/rank-{manifest.rank:05d}.json", to_json(manifest))
+    strategy.commit(merge_rank_manifests(ranks, metadata=metadata))
+
+
+def write_tfra(
+    variables: list[SourceVariable], backend: Backend, *, progress: Progress = NO_PROGRESS
+) -> list[str]:
+    """Write keys and values of ``variables`` in TFRA's layout; return the files written."""
+    written = []
+    for var in variables:
+        for rank, loaders in sorted(var.shards.items()):
+            loaded = [load() for _, load in loaders]
+            keys = np.concatenate([k for k, _ in loaded])
+            values = np.concatenate([cols["value"] for _, cols in loaded])
+            table = pa.Table.from_batches(
+                [batch_from_numpy(keys, values, {}, schema=_value_schema(var))]
+            )
+            infos = tfra.write_table(
+                backend,
+                var.name,
+                table,
+                num_tables=len(loaders),
+                proc_rank=rank,
+                proc_size=var.proc_size,
+            )
+            written += [f.path for info in infos for f in info.files]
+            progress.update(len(loaders))
+    return written
+
+
+def _value_schema(var: SourceVariable) -> pa.Schema:
+    return tfra.SchemaInfo(var.name, var.dim, var.key_dtype, var.value_dtype).arrow_schema()
+
+
+# --- the command ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TfraOptions:
+    """How to read a TFRA folder, whose files record neither dim nor dtypes."""
+
+    dim: int | None = None
+    key_dtype: str = "int64"
+    value_dtype: str = "float32"
+    names: tuple[str, ...] = ()
+
+
+def open_source(
+    src: str, storage_options: dict[str, Any] | None, tfra_options: TfraOptions
+) -> tuple[list[SourceVariable], str]:
+    """The variables of ``src`` and its kind ("checkpoint" or "tfra")."""
+    backend, name = open_location(src, storage_options)
+    try:
+        variables = checkpoint_source(backend, name)
+    except CheckpointNotFoundError:
+        pass
+    else:
+        if tfra_options.names:
+            variables = _select(variables, tfra_options.names, src)
+        return variables, "checkpoint"
+    if tfra_options.dim is None:
+        raise CheckpointError(
+            f"{src} holds no committed de_store checkpoint; to read it as a TFRA folder give "
+            "--dim (TFRA's files do not record dim or dtypes)"
+        )
+    folder = open_backend(src, storage_options)
+    variables = tfra_source(
+        folder,
+        list(tfra_options.names) or None,
+        dim=tfra_options.dim,
+        key_dtype=tfra_options.key_dtype,
+        value_dtype=tfra_options.value_dtype,
+    )
+    return variables, "tfra"
+
+
+def _select(
+    variables: list[SourceVariable], names: tuple[str, ...], src: str
+) -> list[SourceVariable]:
+    known = {v.name: v for v in variables}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise CheckpointError(f"{src} has no variable {missing}; it holds: {sorted(known)}")
+    return [known[n] for n in names]
+
+
+def check_target(
+    variables: list[SourceVariable], to: str, values_only: bool
+) -> list[SourceVariable]:
+    """The variables as they will be written to ``to``; a clear error if it cannot hold them."""
+    if to not in TARGETS:
+        raise ValueError(f"--to must be one of {', '.join(TARGETS)}, got {to!r}")
+    if values_only or to == "tfra":
+        variables = [
+            dataclasses.replace(v, columns={"value": v.columns["value"]}) for v in variables
+        ]
+    if to in ("binary", "tfra"):
+        for var in variables:
+            extras = sorted(c for c in var.columns if c != "value")
+            if var.key_dtype == "string" or extras:
+                raise FormatError(
+                    f"variable {var.name!r} cannot be written as {to}: it stores integer keys "
+                    f"and values only, the variable has key_dtype={var.key_dtype!r} and extra "
+                    f"columns {extras}; use --to parquet or arrow, or drop the extra columns "
+                    "with --values-only"
+                )
+    return variables
+
+
+def convert(
+    src: str,
+    dst: str,
+    to: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    tfra_options: TfraOptions = TfraOptions(),
+    values_only: bool = False,
+    progress_factory: Callable[[int, str], Progress] | None = None,
+) -> str:
+    """Convert ``src`` into ``dst`` in format ``to``; return a one-line summary."""
+    variables, kind = open_source(src, storage_options, tfra_options)
+    variables = check_target(variables, to, values_only)
+    total = sum(len(loaders) for v in variables for loaders in v.shards.values())
+    progress = progress_factory(total, "convert (shards)") if progress_factory else NO_PROGRESS
+    with progress:
+        if to == "tfra":
+            files = write_tfra(variables, open_backend(dst, storage_options), progress=progress)
+            return f"wrote {len(files)} TFRA files of {len(variables)} variable(s) to {dst}"
+        backend, name = open_location(dst, storage_options)
+        write_checkpoint(
+            variables, backend, name, to, metadata={"converted_from": src}, progress=progress
+        )
+    return f"converted {len(variables)} variable(s) from {kind} {src} to {to} checkpoint {dst}"
