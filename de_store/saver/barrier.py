@@ -17,6 +17,7 @@ from de_store.backends.base import Backend
 from de_store.errors import BarrierTimeoutError
 from de_store.saver.topology import Topology
 
+BARRIER_DIR = "_barrier"
 _POLL_START_S = 0.005
 _POLL_MAX_S = 0.25
 
@@ -49,7 +50,7 @@ class StorageBarrier(Barrier):
         self._topology = topology
 
     def _arrival(self, tag: str, rank: int) -> str:
-        return self._backend.join(self._folder, "_barrier", tag, f"rank-{rank:05d}")
+        return self._backend.join(self._folder, BARRIER_DIR, tag, f"rank-{rank:05d}")
 
     def wait(self, tag: str, timeout_s: float) -> None:
         self._backend.write_bytes(self._arrival(tag, self._topology.proc_rank), b"")

@@ -16,7 +16,7 @@ from typing import Any
 from de_store.backends import Backend, open_backend
 from de_store.errors import BarrierTimeoutError, CheckpointError
 from de_store.saver import shards
-from de_store.saver.barrier import Barrier, StorageBarrier
+from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
 from de_store.saver.commit import (
     ABORT_NAME,
     RANKS_DIR,
@@ -130,6 +130,7 @@ def _merge_and_commit(
     for rank in range(1, topology.proc_size):
         path = _rank_manifest_path(rank)
         ranks.append(rank_manifest_from_json(staging.read_bytes(path), f"{staging.url}/{path}"))
+    staging.delete(BARRIER_DIR, recursive=True)  # every rank has arrived: no longer needed
     strategy.commit(merge_rank_manifests(ranks, metadata=metadata))
 
 

@@ -24,6 +24,7 @@ from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
 from de_store.saver import core, gc
+from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.rows import VariableRows, export_rows
 
 PACKAGE, NAME = "de_store", "DynamicEmbedding"
@@ -68,14 +69,19 @@ def copy_to_cpu(variable: Any, object_map: Any) -> None:
 
 
 def _is_ours(obj: Any) -> bool:
+    """Every Variable goes through the hook; those without a saver are skipped in it (their
+    tables are TF-bundle children). Objects revived from a SavedModel fail this predicate and
+    are skipped on restore: their tables come back from the SavedModel's own variables."""
     from de_store.variable import Variable
 
-    return isinstance(obj, (Variable, VariableSnapshot)) and saver_of(obj) is not None
+    return isinstance(obj, (Variable, VariableSnapshot))
 
 
 # --- save -------------------------------------------------------------------------------
-def _save_fn(trackables: Mapping[str, Any], file_prefix: tf.Tensor) -> tf.Tensor:
-    names = sorted(trackables)
+def _save_fn(trackables: Mapping[str, Any], file_prefix: tf.Tensor) -> Any:
+    names = sorted(n for n, obj in trackables.items() if saver_of(obj) is not None)
+    if not names:
+        return []
 
     def save(prefix: tf.Tensor) -> tf.Tensor:
         return tf.constant(_save_eagerly(trackables, names, _tf_prefix(prefix)))
@@ -155,6 +161,8 @@ def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
     head = posixpath.dirname(prefix)
     groups: dict[str, list[Any]] = {}
     for name, variable in sorted(trackables.items()):
+        if not reader.has_tensor(f"{name}/{_URL_TENSOR}"):
+            continue  # saved without a saver: TF's bundle restored its tables
         stored = reader.get_tensor(f"{name}/{_URL_TENSOR}").decode()
         url = (
             posixpath.join(head, stored[len(_RELATIVE) :])
@@ -163,7 +171,7 @@ def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
         )
         groups.setdefault(url, []).append(variable)
     for url, variables in groups.items():
-        saver = saver_of(variables[0])
+        saver = saver_of(variables[0]) or FileSystemSaver()
         backend, folder = core.open_location(url, saver.storage_options)
         core.restore_checkpoint(variables, backend, folder, saver.topology, saver.options)
 
@@ -174,4 +182,5 @@ registration.register_checkpoint_saver(
     predicate=_is_ours,
     save_fn=_save_fn,
     restore_fn=_restore_fn,
+    strict_predicate_restore=False,
 )

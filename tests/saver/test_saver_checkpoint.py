@@ -200,3 +200,34 @@ def test_saver_rejects_bad_options() -> None:
         ds.FileSystemSaver(format="csv")
     with pytest.raises(ValueError, match="proc_rank=3"):
         ds.FileSystemSaver(proc_size=2, proc_rank=3)
+
+
+class _Served(tf.Module):
+    def __init__(self, var: ds.Variable) -> None:
+        super().__init__()
+        self.emb = var
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def serve(self, ids: tf.Tensor) -> tf.Tensor:
+        return self.emb.lookup(ids)
+
+
+def test_saved_model_serves_and_carries_kv_data(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver(), shards=2)
+    keys, values = fill(var, 300)
+    tf.saved_model.save(_Served(var), str(tmp_path / "model"))
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    np.testing.assert_array_equal(loaded.serve(tf.constant(keys)).numpy(), values)
+    kv_url = str(tmp_path / "model" / "variables" / "de_store" / "variables")
+    restored = make_variable("emb", None, shards=3)
+    ds.restore([restored], kv_url)
+    assert content(restored) == content(var)
+
+
+def test_checkpoint_with_saver_restores_into_variable_without_one(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver())
+    fill(var, 100)
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    plain = make_variable("emb", None, shards=2)
+    tf.train.Checkpoint(emb=plain).read(prefix)
+    assert content(plain) == content(var)
