@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -86,6 +87,7 @@ def _json_object(text: str) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``de-store`` with ``argv`` (default: the command line); return the exit code."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # demo and convert import TensorFlow
     parser = _parser()
     try:
         args = parser.parse_args(argv)
