@@ -330,6 +330,7 @@ class Variable(tf.Module):
             return {}
         return super()._trackable_children(save_type, **kwargs)
 
+    @tf.autograph.experimental.do_not_convert
     def _copy_trackable_to_cpu(self, object_map: Any) -> None:
         from de_store.saver import tf_hook
 

@@ -40,6 +40,7 @@ class VariableSnapshot(trackable_base.Trackable):
         self.variable = variable
         self.rows: VariableRows | None = None
 
+    @tf.autograph.experimental.do_not_convert
     def capture(self) -> None:
         """Read the tables now; inside a ``tf.function`` this runs at every call."""
         if tf.executing_eagerly():
@@ -52,6 +53,7 @@ class VariableSnapshot(trackable_base.Trackable):
         return []
 
 
+@tf.autograph.experimental.do_not_convert
 def saver_of(obj: Any) -> Any:
     """The FileSystemSaver of a Variable (or of a snapshot's Variable), or None."""
     variable = obj.variable if isinstance(obj, VariableSnapshot) else obj
@@ -59,6 +61,7 @@ def saver_of(obj: Any) -> Any:
     return getattr(creator, "saver", None)
 
 
+@tf.autograph.experimental.do_not_convert
 def copy_to_cpu(variable: Any, object_map: Any) -> None:
     """``Variable._copy_trackable_to_cpu``: snapshot the tables for an async save."""
     if saver_of(variable) is None:
