@@ -291,6 +291,10 @@ class Variable(tf.Module):
         """Get or create the companion table ``column`` (same keys, devices, partitioner)."""
         existing = self._companions.get(column)
         if existing is not None:
+            if initializer is not None:  # e.g. a slot restored before its optimizer asked
+                existing._initializer = _Initializer(
+                    existing.name, initializer, existing.value_dtype, existing.dim
+                )
             return existing
         with tf.init_scope():
             created = Variable(

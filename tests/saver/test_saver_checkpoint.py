@@ -231,3 +231,19 @@ def test_checkpoint_with_saver_restores_into_variable_without_one(tmp_path: Path
     plain = make_variable("emb", None, shards=2)
     tf.train.Checkpoint(emb=plain).read(prefix)
     assert content(plain) == content(var)
+
+
+def test_restored_optimizer_slots_keep_the_optimizers_initial_value(tmp_path: Path) -> None:
+    var = make_variable("emb", ds.FileSystemSaver(), dim=2)
+    var.upsert(np.arange(4, dtype=np.int64), np.ones([4, 2], np.float32))
+    var.companion("adagrad_accumulator", 2, tf.float32, initializer=0.1).upsert(
+        np.arange(4, dtype=np.int64), np.full([4, 2], 5.0, np.float32)
+    )
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=2)
+    tf.train.Checkpoint(emb=restored).read(prefix)
+    # the optimizer asks for its slot after the restore created it
+    slot = restored.companion("adagrad_accumulator", 2, tf.float32, initializer=0.1)
+    np.testing.assert_allclose(
+        slot.lookup(np.array([0, 99], np.int64)).numpy(), [[5, 5], [0.1, 0.1]]
+    )
