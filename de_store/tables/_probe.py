@@ -65,6 +65,7 @@ class TableOps:
         self.find_or_claim = tf.function(
             lambda k: self.probe(k, True), autograph=False, input_signature=spec
         )
+        self.place_all = tf.function(self.place, autograph=False, input_signature=spec * 2)
 
     # -- probing -----------------------------------------------------------------------
     def probe(self, keys: tf.Tensor, claim: bool) -> tuple[tf.Tensor, tf.Tensor]:
@@ -73,106 +74,149 @@ class TableOps:
         ``slots[i]`` is the slot holding ``keys[i]``; a missing key gets ``-1``, or, when
         ``claim``, an empty slot it (or a duplicate of it) claimed with a token. ``rows[i]`` is
         the slot's row id as seen when the key was found (a token for a fresh claim).
+        Each round works on the keys still unresolved only.
         """
         t = self.t
-        n = _count(keys)
-        mask = variable_length(t.slot_rows) - 1
-        positions = tf.bitwise.bitwise_and(hash_keys(keys), mask)
-        found_idx = tf.TensorArray(
+        mask = variable_length(t.index) - 1
+        found = tf.TensorArray(
             tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=[None]
         )
-        found_pos, found_row = found_idx, found_idx
+        found_at = tf.TensorArray(
+            tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=[None, 2]
+        )
 
-        def body(step, idx, ks, pos, fi, fp, fr):
-            rows = tf.gather(t.slot_rows, pos)
-            hit = tf.logical_and(rows >= 0, tf.equal(tf.gather(t.slot_keys, pos), ks))
+        def body(step, idx, ks, pos, found, found_at):
+            entry = tf.gather(t.index, pos)
+            rows = entry[:, 1]
+            hit = tf.logical_and(rows >= 0, tf.equal(entry[:, 0], ks))
             empty = tf.equal(rows, EMPTY)
             if claim:
-                won = self._claim(idx, ks, pos, empty)
-                done = tf.logical_or(hit, won)
-                move = tf.logical_not(tf.logical_or(done, empty))
+                done = tf.logical_or(hit, self._claim(idx, ks, pos, empty))
+                at = tf.stack([pos, tf.where(hit, rows, idx + TOKEN_BASE)], axis=1)
+                # A loser of a race stays: the winner may be a duplicate of it.
+                move = tf.logical_not(empty)
             else:
                 done = tf.logical_or(hit, empty)
-                move = tf.logical_not(done)
-            rows = tf.where(
-                hit,
-                rows,
-                idx + TOKEN_BASE
-                if claim
-                else tf.fill(tf.shape(rows), tf.constant(EMPTY, tf.int64)),
-            )
-            fi = fi.write(step, tf.boolean_mask(idx, done))
-            fp = fp.write(step, tf.boolean_mask(tf.where(hit, pos, -1) if not claim else pos, done))
-            fr = fr.write(step, tf.boolean_mask(rows, done))
+                at = tf.stack([tf.where(hit, pos, -1), tf.where(hit, rows, EMPTY)], axis=1)
+                move = tf.ones_like(empty)
+            done_at = tf.where(done)[:, 0]
+            found = found.write(step, tf.gather(idx, done_at))
+            found_at = found_at.write(step, tf.gather(at, done_at))
+            keep = tf.where(tf.logical_not(done))[:, 0]
             pos = tf.where(move, tf.bitwise.bitwise_and(pos + 1, mask), pos)
-            keep = tf.logical_not(done)
-            return (
-                step + 1,
-                tf.boolean_mask(idx, keep),
-                tf.boolean_mask(ks, keep),
-                tf.boolean_mask(pos, keep),
-                fi,
-                fp,
-                fr,
-            )
+            kept = (tf.gather(x, keep) for x in (idx, ks, pos))
+            return (step + 1, *kept, found, found_at)
 
         loop = tf.while_loop(
             lambda step, idx, *_: _count(idx) > 0,
             body,
             (
                 tf.constant(0, tf.int32),
-                tf.range(n),
+                tf.range(_count(keys)),
                 keys,
-                positions,
-                found_idx,
-                found_pos,
-                found_row,
+                tf.bitwise.bitwise_and(hash_keys(keys), mask),
+                found,
+                found_at,
             ),
             shape_invariants=(
                 tf.TensorShape([]),
                 *[tf.TensorShape([None])] * 3,
-                *[tf.TensorShape(None)] * 3,
+                *[tf.TensorShape(None)] * 2,
             ),
         )
-        order = loop[4].concat()[:, None]
-        slots = tf.scatter_nd(order, loop[5].concat(), tf.reshape(n, [1]))
-        rows = tf.scatter_nd(order, loop[6].concat(), tf.reshape(n, [1]))
-        return slots, rows
+        # Put the per-round results back in batch order (``order`` is a permutation).
+        order = tf.cast(loop[4].concat(), tf.int32)
+        result = tf.dynamic_stitch([order], [loop[5].concat()])
+        return result[:, 0], result[:, 1]
 
     def _claim(
         self, idx: tf.Tensor, keys: tf.Tensor, pos: tf.Tensor, empty: tf.Tensor
     ) -> tf.Tensor:
-        """Race for empty slots; return which keys won theirs (their key is then written)."""
+        """Race for empty slots with ``(key, token)`` entries; return which keys won theirs.
+
+        Any one writer of a contested slot may win, and a GPU scatter may even mix the
+        columns of two writers, so the winner (by token) writes its entry once more.
+        """
         t = self.t
         tokens = idx + TOKEN_BASE
-        t.slot_rows.scatter_max(
-            tf.IndexedSlices(tf.boolean_mask(tokens, empty), tf.boolean_mask(pos, empty))
-        )
-        won = tf.logical_and(empty, tf.equal(tf.gather(t.slot_rows, pos), tokens))
-        written = t.slot_keys.scatter_update(
-            tf.IndexedSlices(tf.boolean_mask(keys, won), tf.boolean_mask(pos, won))
+        at = tf.where(empty)[:, 0]
+        t.index.scatter_update(tf.IndexedSlices(_entries(keys, tokens, at), tf.gather(pos, at)))
+        won = tf.logical_and(empty, tf.equal(tf.gather(t.index, pos)[:, 1], tokens))
+        at = tf.where(won)[:, 0]
+        written = t.index.scatter_update(
+            tf.IndexedSlices(_entries(keys, tokens, at), tf.gather(pos, at))
         )
         # The next probe round must see the written keys: make its inputs wait for them.
         with tf.control_dependencies([written.op] if hasattr(written, "op") else []):
             return tf.identity(won)
 
-    def last_occurrence(self, slots: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+    def last_occurrence(self, keys: tf.Tensor, slots: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """Mark, among keys resolved to the same slot, the last one in the batch.
 
-        Tokens are scattered (max) into the slots and read back, then the row ids restored.
+        Every key writes its token into its slot and reads it back. A GPU scatter keeps an
+        arbitrary writer, so keys later than the one kept race again until the last one
+        holds every slot (on the CPU, writes apply in order and no re-race runs). The row
+        ids are restored afterwards.
         """
         t = self.t
         tokens = tf.range(_count(slots)) + TOKEN_BASE
-        t.slot_rows.scatter_max(tf.IndexedSlices(tokens, slots))
-        last = tf.equal(tf.gather(t.slot_rows, slots), tokens)
-        t.slot_rows.scatter_update(tf.IndexedSlices(rows, slots))
-        return last
+        t.index.scatter_update(tf.IndexedSlices(tf.stack([keys, tokens], 1), slots))
+        seen = tf.gather(t.index, slots)[:, 1]
+
+        def rerace(later: tf.Tensor, rounds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            mine, where_ = tf.gather(tokens, later), tf.gather(slots, later)
+            t.index.scatter_update(
+                tf.IndexedSlices(tf.stack([tf.gather(keys, later), mine], 1), where_)
+            )
+            held = tf.gather(t.index, where_)[:, 1]
+            return tf.boolean_mask(later, mine > held), rounds + 1
+
+        _, rounds = tf.while_loop(
+            lambda later, _: _count(later) > 0,
+            rerace,
+            (tf.where(tokens > seen)[:, 0], tf.constant(0, tf.int32)),
+            shape_invariants=(tf.TensorShape([None]), tf.TensorShape([])),
+        )
+        last = tf.cond(
+            rounds > 0,
+            lambda: tf.equal(tf.gather(t.index, slots)[:, 1], tokens),
+            lambda: tf.equal(seen, tokens),
+        )
+        with tf.control_dependencies([last]):
+            t.index.scatter_update(tf.IndexedSlices(tf.stack([keys, rows], 1), slots))
+        return tf.identity(last)
+
+    def place(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+        """Write distinct ``keys`` absent from the index with their ``rows`` (a rehash).
+
+        Keys race for empty slots with their (distinct) row ids; every loser moves on.
+        """
+        t = self.t
+        mask = variable_length(t.index) - 1
+
+        def body(ks: tf.Tensor, rs: tf.Tensor, pos: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            at = tf.where(tf.equal(tf.gather(t.index, pos)[:, 1], EMPTY))[:, 0]
+            t.index.scatter_update(tf.IndexedSlices(_entries(ks, rs, at), tf.gather(pos, at)))
+            won = tf.equal(tf.gather(t.index, pos)[:, 1], rs)
+            at = tf.where(won)[:, 0]
+            t.index.scatter_update(tf.IndexedSlices(_entries(ks, rs, at), tf.gather(pos, at)))
+            keep = tf.where(tf.logical_not(won))[:, 0]
+            pos = tf.bitwise.bitwise_and(tf.gather(pos, keep) + 1, mask)
+            return tf.gather(ks, keep), tf.gather(rs, keep), pos
+
+        loop = tf.while_loop(
+            lambda ks, *_: _count(ks) > 0,
+            body,
+            (keys, rows, tf.bitwise.bitwise_and(hash_keys(keys), mask)),
+            shape_invariants=(tf.TensorShape([None]),) * 3,
+        )
+        return _count(loop[0])
 
     # -- capacity ----------------------------------------------------------------------
     def reserve(self, incoming: tf.Tensor) -> None:
         """Rehash into a bigger index first when ``incoming`` new keys could overflow it."""
         t = self.t
-        capacity = variable_length(t.slot_rows)
+        capacity = variable_length(t.index)
         used = t.num_keys + t.num_deleted + incoming
         limit = tf.cast(tf.cast(capacity, tf.float64) * t.max_load_factor, tf.int64)
 
@@ -182,7 +226,7 @@ class TableOps:
                 lambda c: tf.cast(c, tf.float64) * t.max_load_factor < tf.cast(target, tf.float64),
                 lambda c: c * 2,
                 [capacity],
-            )
+            )[0]
             self.rehash(new_capacity)
             return tf.constant(True)
 
@@ -191,14 +235,10 @@ class TableOps:
     def rehash(self, capacity: tf.Tensor) -> None:
         """Rebuild the index at ``capacity``, dropping tombstones; rows do not move."""
         t = self.t
-        occupied = tf.where(t.slot_rows.read_value() >= 0)[:, 0]
-        keys = tf.gather(t.slot_keys, occupied)
-        rows = tf.gather(t.slot_rows, occupied)
-        t.slot_keys.assign(tf.zeros(tf.reshape(capacity, [1]), tf.int64))
-        t.slot_rows.assign(tf.fill(tf.reshape(capacity, [1]), tf.constant(EMPTY, tf.int64)))
+        live = self.live_entries()
+        t.index.assign(empty_index(capacity))
         t.num_deleted.assign(0)
-        slots, _ = self.find_or_claim(keys)
-        t.slot_rows.scatter_update(tf.IndexedSlices(rows, slots))
+        self.place_all(live[:, 0], live[:, 1])
 
     def allocate_rows(self, count: tf.Tensor) -> tf.Tensor:
         """Take ``count`` row ids: freed rows first, then fresh ones (growing the store)."""
@@ -269,17 +309,28 @@ class TableOps:
         t = self.t
         self.reserve(_count(keys))
         slots, rows = self.find_or_claim(keys)
-        fresh = tf.equal(rows, tf.range(_count(keys)) + TOKEN_BASE)
+        tokens = tf.range(_count(keys)) + TOKEN_BASE
+        fresh = tf.equal(rows, tokens)
         fresh_rows = self.allocate_rows(tf.reduce_sum(tf.cast(fresh, tf.int64)))
-        t.slot_rows.scatter_update(tf.IndexedSlices(fresh_rows, tf.boolean_mask(slots, fresh)))
+        at = tf.where(fresh)[:, 0]
+        t.index.scatter_update(
+            tf.IndexedSlices(tf.stack([tf.gather(keys, at), fresh_rows], 1), tf.gather(slots, at))
+        )
         t.num_keys.assign_add(_count(fresh_rows))
-        return slots, tf.gather(t.slot_rows, slots), fresh
+        # A key that found a slot claimed in this batch holds the claimer's token: map it
+        # to the claimer's new row (the claimer's rank among the fresh keys).
+        rank = tf.concat([tf.math.cumsum(tf.cast(fresh, tf.int64), exclusive=True), [0]], 0)
+        claimed = rows >= TOKEN_BASE
+        claimer = tf.where(claimed, rows - TOKEN_BASE, _count(keys))
+        padded = tf.concat([fresh_rows, [EMPTY]], 0)
+        rows = tf.where(claimed, tf.gather(padded, tf.gather(rank, claimer)), rows)
+        return slots, rows, fresh
 
     def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Upsert; the last of duplicated keys wins."""
         with tf.control_dependencies([_same_length(self.t, keys, values)]):
             slots, rows, _ = self._resolve(keys)
-        last = self.last_occurrence(slots, rows)
+        last = self.last_occurrence(keys, slots, rows)
         self.t.values.scatter_update(
             tf.IndexedSlices(tf.boolean_mask(values, last), tf.boolean_mask(rows, last))
         )
@@ -311,13 +362,12 @@ class TableOps:
         """Tombstone the slots of present keys and free their rows."""
         t = self.t
         slots, rows = self.find(keys)
-        exists = slots >= 0
-        slots, rows = tf.boolean_mask(slots, exists), tf.boolean_mask(rows, exists)
-        last = self.last_occurrence(slots, rows)
-        slots, rows = tf.boolean_mask(slots, last), tf.boolean_mask(rows, last)
-        t.slot_rows.scatter_update(
-            tf.IndexedSlices(tf.fill(tf.shape(slots), tf.constant(DELETED, tf.int64)), slots)
-        )
+        present = tf.where(slots >= 0)[:, 0]
+        keys, slots, rows = (tf.gather(x, present) for x in (keys, slots, rows))
+        last = tf.where(self.last_occurrence(keys, slots, rows))[:, 0]
+        keys, slots, rows = (tf.gather(x, last) for x in (keys, slots, rows))
+        tombstones = tf.fill(tf.shape(slots), tf.constant(DELETED, tf.int64))
+        t.index.scatter_update(tf.IndexedSlices(tf.stack([keys, tombstones], 1), slots))
         self.free(rows)
         t.num_keys.assign_sub(_count(rows))
         t.num_deleted.assign_add(_count(rows))
@@ -325,8 +375,7 @@ class TableOps:
     def clear(self) -> None:
         """Empty the table: the index goes back to its initial capacity, rows are released."""
         t = self.t
-        t.slot_keys.assign(tf.zeros([t.init_capacity], tf.int64))
-        t.slot_rows.assign(tf.fill([t.init_capacity], tf.constant(EMPTY, tf.int64)))
+        t.index.assign(empty_index(tf.constant(t.init_capacity, tf.int64)))
         t.values.assign(tf.zeros([16, t.dim], t.values.dtype))
         t.free_rows.assign(tf.zeros([16], tf.int64))
         for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row):
@@ -335,9 +384,23 @@ class TableOps:
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """``(keys, values)`` of every live slot, read in one pass."""
         t = self.t
-        occupied = tf.where(t.slot_rows.read_value() >= 0)[:, 0]
-        rows = tf.gather(t.slot_rows, occupied)
-        return tf.gather(t.slot_keys, occupied), tf.gather(t.values, rows)
+        live = self.live_entries()
+        return live[:, 0], tf.gather(t.values, live[:, 1])
+
+    def live_entries(self) -> tf.Tensor:
+        """The ``(key, row)`` entries of every occupied slot, ``[n, 2]``, in one read."""
+        entries = self.t.index.read_value()
+        return tf.gather(entries, tf.where(entries[:, 1] >= 0)[:, 0])
+
+
+def empty_index(capacity: tf.Tensor) -> tf.Tensor:
+    """An index of ``capacity`` empty slots (every column ``EMPTY``)."""
+    return tf.fill(tf.stack([capacity, tf.constant(2, tf.int64)]), tf.constant(EMPTY, tf.int64))
+
+
+def _entries(keys: tf.Tensor, rows: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
+    """Index entries ``[m, 2]`` (key, row) of the keys at positions ``at``."""
+    return tf.stack([tf.gather(keys, at), tf.gather(rows, at)], axis=1)
 
 
 def _same_length(t: HashTable, keys: tf.Tensor, rows: tf.Tensor) -> tf.Operation:

@@ -2,9 +2,10 @@
 
 Layout
 ------
-*Index*: ``slot_keys [capacity]`` and ``slot_rows [capacity]`` (int64), a power-of-two
-open-addressing array with linear probing. ``slot_rows`` holds the row id of the key in
-that slot, or ``EMPTY`` / ``DELETED`` (a tombstone, so probe chains stay valid).
+*Index*: ``index [capacity, 2]`` int64 entries ``(key, row)``, a power-of-two
+open-addressing array with linear probing; one gather reads a slot's key and row together.
+The row is the key's row id, or ``EMPTY`` / ``DELETED`` (a tombstone, so probe chains
+stay valid).
 *Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth``; rows freed by
 ``remove`` go on a free list (``free_rows``) and are reused first.
 
@@ -13,11 +14,13 @@ part sized by the power-of-two capacity, so the table stays within ~1.5x the raw
 bytes, and growing the index (a rehash) never moves a value row.
 
 Batches are processed in parallel: every key probes at once, in rounds of a
-``tf.while_loop``. Keys that reach the same empty slot in the same round claim it with a
-``scatter_max`` of a per-key token; the highest token (the last key in the batch) wins and
-the losers look at the slot again next round (a duplicate of the winner then finds it). The
-same token trick picks the last occurrence of a duplicated key for ``insert`` and one
-occurrence for ``remove``; ``accum`` sums duplicates with ``scatter_add``.
+``tf.while_loop`` that carry only the keys still unresolved. Keys that reach the same empty
+slot in the same round race for it with a ``scatter_update`` of ``(key, token)``; the one
+read back wins and the losers look at the slot again next round (a duplicate of the winner
+then finds it). A second token race, re-run for later writers until the last one holds the
+slot, picks the last occurrence of a duplicated key for ``insert`` and one occurrence for
+``remove``; ``accum`` sums duplicates with ``scatter_add``. A rehash places the (distinct)
+keys with their row ids directly.
 """
 
 from __future__ import annotations
@@ -87,9 +90,8 @@ class HashTable(TableCore):
         self.init_capacity = _probe.capacity_for(max(init_size, 1), self.max_load_factor)
         rows = max(init_size, 16)
         with tf.name_scope(self.name):
-            self.slot_keys = _variable("slot_keys", tf.zeros([self.init_capacity], tf.int64))
-            self.slot_rows = _variable(
-                "slot_rows", tf.fill([self.init_capacity], tf.constant(EMPTY, tf.int64))
+            self.index = _variable(
+                "index", _probe.empty_index(tf.constant(self.init_capacity, tf.int64))
             )
             self.values = _variable("values", tf.zeros([rows, dim], self._stored_dtype))
             self.free_rows = _variable("free_rows", tf.zeros([16], tf.int64))
@@ -99,7 +101,7 @@ class HashTable(TableCore):
             )
             self.num_free = tf.Variable(tf.constant(0, tf.int64), name="num_free", trainable=False)
             self.next_row = tf.Variable(tf.constant(0, tf.int64), name="next_row", trainable=False)
-        self._device = self.slot_rows.device
+        self._device = self.index.device
         self._kernels = _Kernels(self)
 
     # -- contract ----------------------------------------------------------------------
@@ -163,11 +165,11 @@ class HashTable(TableCore):
     # -- introspection -----------------------------------------------------------------
     def capacity(self) -> int:
         """Number of index slots (a power of two)."""
-        return int(_probe.variable_length(self.slot_rows))
+        return int(_probe.variable_length(self.index))
 
     def memory_bytes(self) -> int:
         """Bytes held by the table's variables."""
-        arrays = (self.slot_keys, self.slot_rows, self.values, self.free_rows)
+        arrays = (self.index, self.values, self.free_rows)
         total = sum(
             int(tf.reduce_prod(tf.raw_ops.VariableShape(input=v.handle, out_type=tf.int64)))
             * v.dtype.size
