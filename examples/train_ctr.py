@@ -32,14 +32,14 @@ class CtrConfig:
     batch_size: int = 8192
     fields: int = 8
     id_space: int = 4_000_000
-    learning_rate: float = 0.3
+    learning_rate: float = 0.5
     log_every: int = 25
     seed: int = 0
 
 
 def synthetic_batch(rng: np.random.Generator, config: CtrConfig) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(ids [batch, fields] int64, clicks [batch] float32)``."""
-    ids = (config.id_space * rng.random((config.batch_size, config.fields)) ** 3).astype(np.int64)
+    ids = (config.id_space * rng.random((config.batch_size, config.fields)) ** 6).astype(np.int64)
     logits = true_weights(ids).sum(axis=1) - 0.5
     clicks = (rng.random(config.batch_size) < 1 / (1 + np.exp(-logits))).astype(np.float32)
     return ids, clicks

@@ -156,5 +156,5 @@ def test_ctr_example_loss_falls() -> None:
     from examples.train_ctr import CtrConfig, train
 
     result = train(CtrConfig(steps=8, batch_size=8192, fields=8), verbose=False)
-    assert result["distinct_ids"] > 250_000
+    assert result["distinct_ids"] > 200_000
     assert result["last_loss"] < result["first_loss"]
