@@ -299,23 +299,26 @@ class TableOps:
         slots, rows = self.find(keys)
         exists = slots >= 0
         values = tf.gather(t.values, tf.where(exists, rows, 0))
-        return tf.where(exists[:, None], values, tf.zeros_like(values)), exists
+        values = tf.cond(
+            tf.reduce_all(exists),
+            lambda: values,
+            lambda: tf.where(exists[:, None], values, tf.zeros_like(values)),
+        )
+        return values, exists
 
-    def _resolve(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """Find or claim a slot per key; give claimed slots fresh rows.
+    def _resolve(
+        self, keys: tf.Tensor, pick_last: bool
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
+        """Find or claim a slot per key and give claimed slots fresh rows.
 
-        Returns ``(slots, rows, fresh)``; ``fresh`` marks the keys that were new.
+        Returns ``(rows, fresh, last)``: ``fresh`` marks the keys that were new, ``last``
+        (when ``pick_last``, else ``None``) the last occurrence of each key.
         """
         t = self.t
         self.reserve(_count(keys))
         slots, rows = self.find_or_claim(keys)
-        tokens = tf.range(_count(keys)) + TOKEN_BASE
-        fresh = tf.equal(rows, tokens)
+        fresh = tf.equal(rows, tf.range(_count(keys)) + TOKEN_BASE)
         fresh_rows = self.allocate_rows(tf.reduce_sum(tf.cast(fresh, tf.int64)))
-        at = tf.where(fresh)[:, 0]
-        t.index.scatter_update(
-            tf.IndexedSlices(tf.stack([tf.gather(keys, at), fresh_rows], 1), tf.gather(slots, at))
-        )
         t.num_keys.assign_add(_count(fresh_rows))
         # A key that found a slot claimed in this batch holds the claimer's token: map it
         # to the claimer's new row (the claimer's rank among the fresh keys).
@@ -324,22 +327,36 @@ class TableOps:
         claimer = tf.where(claimed, rows - TOKEN_BASE, _count(keys))
         padded = tf.concat([fresh_rows, [EMPTY]], 0)
         rows = tf.where(claimed, tf.gather(padded, tf.gather(rank, claimer)), rows)
-        return slots, rows, fresh
+        if pick_last:  # its closing write stores every slot's row, the fresh ones too
+            return rows, fresh, self.last_occurrence(keys, slots, rows)
+        at = tf.where(fresh)[:, 0]
+        t.index.scatter_update(
+            tf.IndexedSlices(tf.stack([tf.gather(keys, at), fresh_rows], 1), tf.gather(slots, at))
+        )
+        return rows, fresh, None
 
     def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Upsert; the last of duplicated keys wins."""
-        with tf.control_dependencies([_same_length(self.t, keys, values)]):
-            slots, rows, _ = self._resolve(keys)
-        last = self.last_occurrence(keys, slots, rows)
-        self.t.values.scatter_update(
-            tf.IndexedSlices(tf.boolean_mask(values, last), tf.boolean_mask(rows, last))
-        )
+        t = self.t
+        with tf.control_dependencies([_same_length(t, keys, values)]):
+            rows, _, last = self._resolve(keys, pick_last=True)
+
+        def write_last() -> tf.Tensor:
+            at = tf.where(last)[:, 0]
+            t.values.scatter_update(tf.IndexedSlices(tf.gather(values, at), tf.gather(rows, at)))
+            return tf.constant(True)
+
+        def write_all() -> tf.Tensor:
+            t.values.scatter_update(tf.IndexedSlices(values, rows))
+            return tf.constant(True)
+
+        tf.cond(tf.reduce_all(last), write_all, write_last)
 
     def accum_insert(self, keys: tf.Tensor, deltas: tf.Tensor) -> None:
         """Add deltas, inserting missing keys at zero first."""
         t = self.t
         with tf.control_dependencies([_same_length(t, keys, deltas)]):
-            _, rows, fresh = self._resolve(keys)
+            rows, fresh, _ = self._resolve(keys, pick_last=False)
         new_rows = tf.boolean_mask(rows, fresh)
         t.values.scatter_update(
             tf.IndexedSlices(
