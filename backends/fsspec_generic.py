@@ -136,7 +136,7 @@ class FsspecBackend(Backend):
         with self._translating("write", path):
             if self.makes_parent_dirs:
                 self.fs.makedirs(self.fs._parent(full), exist_ok=True)
-            raw = self.fs.open(full, "wb")
+            raw = self._open_upload(full)
         try:
             yield self._counting(raw, path)
         except BaseException:
@@ -144,6 +144,10 @@ class FsspecBackend(Backend):
             raise
         with self._translating("write", path):
             raw.close()
+
+    def _open_upload(self, full: str) -> Any:
+        """The writable file behind ``open_write`` (a store's faster uploader may replace it)."""
+        return self.fs.open(full, "wb")
 
     def _discard(self, raw: Any) -> None:
         """Abandon an unfinished upload so that nothing appears at its final name."""

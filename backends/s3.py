@@ -2,14 +2,19 @@
 
 No rename: objects are written once under their final names (a multipart upload becomes
 visible only when it completes; a failed one is aborted) and a commit marker decides
-visibility. ``write_once`` is a conditional put (``If-None-Match: *``), which S3 and moto
-honour. Against moto or another endpoint, give ``endpoint_url`` but no ``region_name``.
+visibility. A streamed write uploads its parts concurrently while the shard is still being
+encoded (see :mod:`._multipart`). ``write_once`` is a conditional put (``If-None-Match: *``),
+which S3 and moto honour. Against moto or another endpoint, give ``endpoint_url`` but no
+``region_name``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from botocore.exceptions import BotoCoreError
 
+from ._multipart import MultipartUpload
 from .base import Capabilities
 from .fsspec_generic import FsspecBackend
 
@@ -21,3 +26,10 @@ class S3Backend(FsspecBackend):
     capabilities = Capabilities(supports_atomic_rename=False)
     makes_parent_dirs = False
     native_errors = (OSError, BotoCoreError)
+    #: Bytes per multipart part of a streamed write.
+    upload_part_size: int = 16 << 20
+    #: Most parts of one streamed write uploading at once (memory: this + 1 parts).
+    upload_concurrency: int = 4
+
+    def _open_upload(self, full: str) -> Any:
+        return MultipartUpload(self.fs, full, self.upload_part_size, self.upload_concurrency)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any, ClassVar
 
 import pytest
@@ -11,6 +12,8 @@ from de_store.backends import open_backend
 from de_store.backends.s3 import S3Backend
 from de_store.errors import BackendError
 from de_store.testing import StorageLocation
+
+MIB = 1 << 20
 
 
 class TestS3Backend(BackendConformance):
@@ -44,3 +47,54 @@ def test_options_reach_s3fs_and_errors_name_the_url_not_the_secret(
         missing_bucket.write_bytes("f.bin", b"x")  # a write never creates a bucket
     assert "not-the-secret-123" not in str(info.value)
     assert "s3://no-such-bucket/x/f.bin" in str(info.value)
+
+
+@pytest.fixture
+def small_parts(s3_location: StorageLocation, monkeypatch: pytest.MonkeyPatch) -> S3Backend:
+    """An S3 backend uploading 5 MiB parts, two at a time."""
+    monkeypatch.setattr(S3Backend, "upload_part_size", 5 << 20)
+    monkeypatch.setattr(S3Backend, "upload_concurrency", 2)
+    backend = s3_location.open()
+    assert isinstance(backend, S3Backend)
+    return backend
+
+
+def _pending_uploads(backend: S3Backend) -> list[Any]:
+    bucket = backend.root.split("/")[0]
+    found = backend.fs.call_s3("list_multipart_uploads", Bucket=bucket)  # type: ignore[attr-defined]
+    return list(found.get("Uploads", []))
+
+
+def test_streamed_write_uploads_parts_concurrently(small_parts: S3Backend) -> None:
+    data = random.Random(1).randbytes(17 * MIB + 5)  # three full parts and a short one
+    with small_parts.open_write("big.bin") as f:
+        for start in range(0, len(data), 3 * MIB):
+            f.write(memoryview(data)[start : start + 3 * MIB])
+        assert not small_parts.exists("big.bin")  # invisible until the upload completes
+    assert small_parts.read_bytes("big.bin") == data
+    assert small_parts.stats.bytes_written == len(data)
+    assert _pending_uploads(small_parts) == []
+
+
+def test_failed_multipart_write_is_aborted_and_leaves_nothing(small_parts: S3Backend) -> None:
+    with pytest.raises(RuntimeError, match="boom"), small_parts.open_write("big.bin") as f:
+        f.write(random.Random(2).randbytes(12 * MIB))  # two parts already sent
+        raise RuntimeError("boom")
+    assert not small_parts.exists("big.bin")
+    assert small_parts.list() == []
+    assert _pending_uploads(small_parts) == []
+
+
+def test_failed_overwrite_with_parts_keeps_old_object(small_parts: S3Backend) -> None:
+    small_parts.write_bytes("f.bin", b"old")
+    with pytest.raises(RuntimeError, match="boom"), small_parts.open_write("f.bin") as f:
+        f.write(random.Random(3).randbytes(11 * MIB))
+        raise RuntimeError("boom")
+    assert small_parts.read_bytes("f.bin") == b"old"
+
+
+def test_streamed_write_to_missing_bucket_names_the_object(s3_location: StorageLocation) -> None:
+    backend = open_backend("s3://no-such-bucket/x", s3_location.storage_options)
+    missing = r"s3://no-such-bucket/x/big\.bin"
+    with pytest.raises(BackendError, match=missing), backend.open_write("big.bin") as f:
+        f.write(bytes(20 * MIB))
