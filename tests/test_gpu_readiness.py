@@ -7,7 +7,9 @@ device, with host-memory inputs where needed) whose type constraints accept the 
 dtypes. The one exception is the string constants of an assertion's message, which
 TensorFlow keeps in host memory next to the (GPU-capable) ``Assert`` kernel.
 ``kernels.get_registered_kernels_for_op`` lists no ``XLA_GPU_JIT`` kernels, so the table
-does not use ``jit_compile``; every op is checked against the plain GPU kernels.
+does not use ``jit_compile``; every op is checked against the plain GPU kernels. Inside a
+``tf.function`` the table inlines the same kernel code its eager calls run as shared
+functions, so tracing one graph covers both.
 """
 
 from __future__ import annotations

@@ -124,3 +124,23 @@ def test_variables_live_on_the_creation_device():
         table = HashTable(tf.int64, tf.float32, 3)
     assert all("CPU:0" in v.device for v in table.variables)
     assert len(table.trainable_variables) == 0
+
+
+def test_tables_of_one_config_share_kernels_not_contents():
+    first = HashTable(tf.int64, tf.float32, 3, name="first")
+    first.insert(tf.constant([1, 2], tf.int64), _rows(2))
+    second = HashTable(tf.int64, tf.float32, 3, name="second")
+    second.insert(tf.constant([3], tf.int64), _rows(1, 10.0))
+    del first
+    third = HashTable(tf.int64, tf.float32, 3, name="third")
+
+    @tf.function
+    def grow_both(keys):
+        third.insert(keys, _rows(40))
+        second.remove(keys[:1])
+
+    grow_both(tf.range(3, 43, dtype=tf.int64))
+    assert _content(second) == {}
+    assert sorted(_content(third)) == list(range(3, 43))
+    third.insert(tf.constant([99], tf.int64), _rows(1))  # eager again, after the trace
+    assert int(third.size()) == 41 and int(second.size()) == 0

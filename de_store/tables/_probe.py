@@ -6,12 +6,11 @@ so it traces inside ``tf.function`` and runs on whatever device the table lives 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+import functools
+from typing import Any, NamedTuple
 
 import tensorflow as tf
-
-if TYPE_CHECKING:
-    from de_store.tables.hash_table import HashTable
 
 EMPTY = -1
 DELETED = -2
@@ -52,20 +51,94 @@ def _count(x: tf.Tensor) -> tf.Tensor:
     return tf.size(x, out_type=tf.int64)
 
 
-class TableOps:
-    """Graph operations over one table's variables."""
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What a table's kernels depend on besides its variables (tables alike share kernels)."""
 
-    def __init__(self, table: HashTable) -> None:
+    dim: int
+    dtype: tf.DType  # of the stored value rows
+    max_load_factor: float
+    row_growth: float
+    init_capacity: int
+
+
+class State(NamedTuple):
+    """A table's variables, passed to the shared kernels as arguments."""
+
+    index: tf.Variable
+    values: tf.Variable
+    free_rows: tf.Variable
+    num_keys: tf.Variable
+    num_deleted: tf.Variable
+    num_free: tf.Variable
+    next_row: tf.Variable
+
+
+class _View:
+    """One table as the kernels see it: its config fields and its variables."""
+
+    def __init__(self, config: Config, state: State) -> None:
+        self.__dict__.update(dataclasses.asdict(config))
+        self.__dict__.update(state._asdict())
+        self.state = state
+
+    def __getattr__(self, name: str) -> tf.Variable:  # for mypy: attributes set above
+        raise AttributeError(name)
+
+
+class Kernels:
+    """The ``tf.function`` s of every table of one :class:`Config`, variables passed in.
+
+    A function is traced once per config (twice with the first call's exact shapes), not
+    once per table: tests and models create many small tables of a few configs. Kernels do
+    not call each other as functions: a nested ``tf.function`` given variables would bind
+    the first caller's variables.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        names = ("lookup", "insert", "accum_insert", "accum_existing", "remove", "clear")
+        for name in (*names, "export_all"):
+            setattr(self, name, self._function(name))
+
+    def run(self, name: str, state: State, *args: tf.Tensor) -> Any:
+        """Run kernel ``name``: the shared function when eager, inlined inside a trace.
+
+        Inside a caller's ``tf.function`` the ops go into the caller's graph: a shared
+        function called there with variables could bind the variables of that trace.
+        """
+        if tf.executing_eagerly():
+            return getattr(self, name)(state, *args)
+        return getattr(TableOps(_View(self.config, state), self), name)(*args)
+
+    def _function(self, name: str) -> tf.types.experimental.PolymorphicFunction:
+        def kernel(state: State, *args: tf.Tensor) -> object:
+            return getattr(TableOps(_View(self.config, State(*state)), self), name)(*args)
+
+        kernel.__name__ = name
+        return tf.function(kernel, autograph=False, reduce_retracing=True)
+
+
+@functools.cache
+def kernels_for(config: Config) -> Kernels:
+    """The shared kernels of ``config``."""
+    return Kernels(config)
+
+
+class TableOps:
+    """Graph operations over one table's variables (built while tracing a kernel)."""
+
+    def __init__(self, table: _View, kernels: Kernels) -> None:
         self.t = table
-        spec = [tf.TensorSpec([None], tf.int64)]
-        # Traced once each and called from every kernel (smaller graphs, faster tracing).
-        self.find = tf.function(
-            lambda k: self.probe(k, False), autograph=False, input_signature=spec
-        )
-        self.find_or_claim = tf.function(
-            lambda k: self.probe(k, True), autograph=False, input_signature=spec
-        )
-        self.place_all = tf.function(self.place, autograph=False, input_signature=spec * 2)
+        self.kernels = kernels
+
+    def find(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``probe`` without claiming."""
+        return self.probe(keys, False)
+
+    def find_or_claim(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``probe`` claiming empty slots."""
+        return self.probe(keys, True)
 
     # -- probing -----------------------------------------------------------------------
     def probe(self, keys: tf.Tensor, claim: bool) -> tuple[tf.Tensor, tf.Tensor]:
@@ -238,7 +311,7 @@ class TableOps:
         live = self.live_entries()
         t.index.assign(empty_index(capacity))
         t.num_deleted.assign(0)
-        self.place_all(live[:, 0], live[:, 1])
+        self.place(live[:, 0], live[:, 1])
 
     def allocate_rows(self, count: tf.Tensor) -> tf.Tensor:
         """Take ``count`` row ids: freed rows first, then fresh ones (growing the store)."""
@@ -338,8 +411,7 @@ class TableOps:
     def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Upsert; the last of duplicated keys wins."""
         t = self.t
-        with tf.control_dependencies([_same_length(t, keys, values)]):
-            rows, _, last = self._resolve(keys, pick_last=True)
+        rows, _, last = self._resolve(keys, pick_last=True)
 
         def write_last() -> tf.Tensor:
             at = tf.where(last)[:, 0]
@@ -355,8 +427,7 @@ class TableOps:
     def accum_insert(self, keys: tf.Tensor, deltas: tf.Tensor) -> None:
         """Add deltas, inserting missing keys at zero first."""
         t = self.t
-        with tf.control_dependencies([_same_length(t, keys, deltas)]):
-            rows, fresh, _ = self._resolve(keys, pick_last=False)
+        rows, fresh, _ = self._resolve(keys, pick_last=False)
         new_rows = tf.boolean_mask(rows, fresh)
         t.values.scatter_update(
             tf.IndexedSlices(
@@ -368,8 +439,7 @@ class TableOps:
     def accum_existing(self, keys: tf.Tensor, deltas: tf.Tensor) -> None:
         """Add deltas to present keys; missing keys are ignored."""
         t = self.t
-        with tf.control_dependencies([_same_length(t, keys, deltas)]):
-            slots, rows = self.find(keys)
+        slots, rows = self.find(keys)
         exists = slots >= 0
         t.values.scatter_add(
             tf.IndexedSlices(tf.boolean_mask(deltas, exists), tf.boolean_mask(rows, exists))
@@ -418,11 +488,3 @@ def empty_index(capacity: tf.Tensor) -> tf.Tensor:
 def _entries(keys: tf.Tensor, rows: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
     """Index entries ``[m, 2]`` (key, row) of the keys at positions ``at``."""
     return tf.stack([tf.gather(keys, at), tf.gather(rows, at)], axis=1)
-
-
-def _same_length(t: HashTable, keys: tf.Tensor, rows: tf.Tensor) -> tf.Operation:
-    return tf.debugging.assert_equal(
-        _count(keys),
-        tf.shape(rows, out_type=tf.int64)[0],
-        message=f"table {t.table_name!r}: expected as many value rows as keys",
-    )

@@ -102,7 +102,11 @@ class HashTable(TableCore):
             self.num_free = tf.Variable(tf.constant(0, tf.int64), name="num_free", trainable=False)
             self.next_row = tf.Variable(tf.constant(0, tf.int64), name="next_row", trainable=False)
         self._device = self.index.device
-        self._kernels = _Kernels(self)
+        self._kernels = _probe.kernels_for(
+            _probe.Config(
+                dim, self._stored_dtype, self.max_load_factor, self.row_growth, self.init_capacity
+            )
+        )
 
     # -- contract ----------------------------------------------------------------------
     def lookup(
@@ -111,7 +115,7 @@ class HashTable(TableCore):
         """Return ``(values [n, dim], exists [n])``; see :meth:`TableCore.lookup`."""
         keys = self._keys(keys)
         with tf.device(self._device):
-            values, exists = self._kernels.lookup(keys)
+            values, exists = self._kernels.run("lookup", self._state, keys)
         values = tf.cast(values, self.value_dtype) if values.dtype != self.value_dtype else values
         if default_value is None:
             return values, exists
@@ -124,22 +128,22 @@ class HashTable(TableCore):
         """Upsert rows; a key repeated in the batch keeps its last value."""
         keys, values = self._keys_and_rows(keys, values, "values")
         with tf.device(self._device):
-            self._kernels.insert(keys, values)
+            self._kernels.run("insert", self._state, keys, values)
 
     def accum(self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True) -> None:
         """Add deltas (duplicates sum); missing keys are inserted when ``insert_missing``."""
         keys, deltas = self._keys_and_rows(keys, deltas, "deltas")
         with tf.device(self._device):
             if insert_missing:
-                self._kernels.accum_insert(keys, deltas)
+                self._kernels.run("accum_insert", self._state, keys, deltas)
             else:
-                self._kernels.accum_existing(keys, deltas)
+                self._kernels.run("accum_existing", self._state, keys, deltas)
 
     def remove(self, keys: tf.Tensor) -> None:
         """Remove keys; missing keys are ignored."""
         keys = self._keys(keys)
         with tf.device(self._device):
-            self._kernels.remove(keys)
+            self._kernels.run("remove", self._state, keys)
 
     def size(self) -> tf.Tensor:
         """Number of keys held (int64 scalar)."""
@@ -148,12 +152,12 @@ class HashTable(TableCore):
     def clear(self) -> None:
         """Remove every key; the index returns to its initial capacity."""
         with tf.device(self._device):
-            self._kernels.clear()
+            self._kernels.run("clear", self._state)
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """Return ``(keys [n], values [n, dim])`` of the whole table in one consistent read."""
         with tf.device(self._device):
-            keys, values = self._kernels.export_all()
+            keys, values = self._kernels.run("export_all", self._state)
         keys = tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys
         values = tf.cast(values, self.value_dtype) if values.dtype != self.value_dtype else values
         return keys, values
@@ -178,6 +182,19 @@ class HashTable(TableCore):
         return total + 4 * 8  # the four int64 counters
 
     # -- helpers -----------------------------------------------------------------------
+    @property
+    def _state(self) -> _probe.State:
+        """The variables, as the shared kernels take them (a property: not tracked twice)."""
+        return _probe.State(
+            self.index,
+            self.values,
+            self.free_rows,
+            self.num_keys,
+            self.num_deleted,
+            self.num_free,
+            self.next_row,
+        )
+
     def _keys(self, keys: Any) -> tf.Tensor:
         keys = _checks.check_keys(self.table_name, self.key_dtype, keys)
         return tf.cast(keys, tf.int64) if keys.dtype != tf.int64 else keys
@@ -200,23 +217,3 @@ def _variable(name: str, initial: tf.Tensor) -> tf.Variable:
     """A non-trainable variable whose leading dimension may change (growth, restore)."""
     shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
     return tf.Variable(initial, name=name, trainable=False, shape=shape)
-
-
-class _Kernels:
-    """The table's compiled operations, one ``tf.function`` each (not tracked)."""
-
-    def __init__(self, table: HashTable) -> None:
-        ops = _probe.TableOps(table)
-        keys = tf.TensorSpec([None], tf.int64)
-        rows = tf.TensorSpec([None, table.dim], table._stored_dtype)
-        self.lookup = tf.function(ops.lookup, autograph=False, input_signature=[keys])
-        self.insert = tf.function(ops.insert, autograph=False, input_signature=[keys, rows])
-        self.accum_insert = tf.function(
-            ops.accum_insert, autograph=False, input_signature=[keys, rows]
-        )
-        self.accum_existing = tf.function(
-            ops.accum_existing, autograph=False, input_signature=[keys, rows]
-        )
-        self.remove = tf.function(ops.remove, autograph=False, input_signature=[keys])
-        self.clear = tf.function(ops.clear, autograph=False, input_signature=[])
-        self.export_all = tf.function(ops.export_all, autograph=False, input_signature=[])
