@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 
 from de_store.errors import DeStoreError, FormatError
 
-from ._stream import check_frame, check_size, crc32c_combine
+from ._stream import check_crc, check_frame, check_size, crc32c_combine
 from .base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
 from .batches import conform, key_range, select, split
 
@@ -19,6 +21,11 @@ if TYPE_CHECKING:
 
 #: Writes one part and returns its byte range in each file of the shard.
 PartWriter = Callable[[pa.RecordBatch], tuple[ByteRange, ...]]
+#: Parts read and decoded ahead of the one being returned, in background threads.
+READ_AHEAD = 2
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def location(backend: Backend, path: str) -> str:
@@ -109,6 +116,37 @@ def read_frame(
     tail = backend.read_range(path, tail_start, file.bytes)
     check_frame(where, file, ranges, head, tail)
     return head, tail
+
+
+def read_part(backend: Backend, path: str, r: ByteRange, what: str) -> bytes:
+    """The bytes of one part's range in ``path``, checked against its recorded crc32c."""
+    where = location(backend, path)
+    data = backend.read_range(path, r.offset, r.end)
+    if len(data) != r.length:
+        raise FormatError(
+            f"{where} is truncated: expected {r.length} bytes of {what}, found {len(data)}"
+        )
+    check_crc(where, what, r.crc32c, data)
+    return data
+
+
+def map_ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = READ_AHEAD) -> Iterator[R]:
+    """``map(fn, items)`` in order, with up to ``depth`` calls running ahead in threads.
+
+    Reading (I/O) and decoding (Arrow releases the GIL) of the next parts then overlap
+    with the caller's use of the current one; at most ``depth + 1`` results are in hand.
+    """
+    pending: collections.deque[Future[R]] = collections.deque()
+    pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="de_store-read")
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) > depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def check_rows(where: str, part: int, expected: int, found: int) -> None:

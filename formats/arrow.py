@@ -20,13 +20,15 @@ from ._shard import (
     check_rows,
     decoding,
     location,
+    map_ahead,
     read_frame,
+    read_part,
     rebatch,
     shard_info,
     wanted_parts,
     write_parts,
 )
-from ._stream import ChecksummingWriter, check_crc, read_exact
+from ._stream import ChecksummingWriter
 from .base import DEFAULT_BUFFER_SIZE, FileInfo, SchemaInfo, ShardFormat, ShardInfo
 
 if TYPE_CHECKING:
@@ -126,18 +128,17 @@ def _read_verified(
     if expected.parts:
         with decoding(where):
             check_columns(where, pa.ipc.read_schema(pa.py_buffer(head[8:])), expected.schema)
-    with backend.open_read(path) as f:
-        for i in wanted_parts(parts, len(expected.parts), where):
-            part = expected.parts[i]
-            r = part.ranges[0]
-            f.seek(r.offset)
-            data = read_exact(f, r.length, where)
-            check_crc(where, f"part {i}", r.crc32c, data)
-            with decoding(where):
-                message = pa.ipc.read_message(pa.py_buffer(data))
-                batch = pa.ipc.read_record_batch(message, schema)
-            check_rows(where, i, part.rows, batch.num_rows)
-            yield batch
+
+    def read(i: int) -> pa.RecordBatch:
+        part = expected.parts[i]
+        data = read_part(backend, path, part.ranges[0], f"part {i}")
+        with decoding(where):
+            message = pa.ipc.read_message(pa.py_buffer(data))
+            batch = pa.ipc.read_record_batch(message, schema)
+        check_rows(where, i, part.rows, batch.num_rows)
+        return batch
+
+    yield from map_ahead(read, wanted_parts(parts, len(expected.parts), where))
 
 
 def _read_unverified(

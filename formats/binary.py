@@ -11,23 +11,25 @@ TFRA folders with this layout.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from de_store.errors import FormatError
 
-from ._shard import check_expected, location, rebatch, shard_info, wanted_parts, write_parts
-from ._stream import (
-    ChecksummingWriter,
-    check_crc,
-    check_crc_value,
-    check_size,
-    crc32c_extend,
-    read_exact,
+from ._shard import (
+    check_expected,
+    location,
+    map_ahead,
+    read_part,
+    rebatch,
+    shard_info,
+    wanted_parts,
+    write_parts,
 )
-from .base import DEFAULT_BUFFER_SIZE, ByteRange, FileInfo, SchemaInfo, ShardFormat, ShardInfo
+from ._stream import ChecksummingWriter, check_crc_value, check_size, crc32c_combine
+from .base import DEFAULT_BUFFER_SIZE, FileInfo, SchemaInfo, ShardFormat, ShardInfo
 
 if TYPE_CHECKING:
     from de_store.backends import Backend
@@ -125,30 +127,23 @@ def _read_verified(
     for file in files:
         check_size(location(backend, file.path), file.bytes, backend.size(file.path))
     indices = wanted_parts(parts, len(expected.parts), location(backend, expected.path))
-    whole = indices == list(range(len(expected.parts)))
     schema = expected.schema.arrow_schema()
-    sums = [0] * len(files)
-    with backend.open_read(files[0].path) as keys_f, backend.open_read(files[1].path) as values_f:
-        for i in indices:
-            part = expected.parts[i]
-            chunks = [
-                _read_range(backend, f, file.path, part.ranges[j], f"part {i}")
-                for j, (f, file) in enumerate(zip((keys_f, values_f), files, strict=True))
-            ]
-            if whole:
-                sums = [crc32c_extend(s, c) for s, c in zip(sums, chunks, strict=True)]
-            yield decode_pair(chunks[0], chunks[1], schema)
-    if whole:
-        for file, found in zip(files, sums, strict=True):
+
+    def read(i: int) -> pa.RecordBatch:
+        keys_range, values_range = expected.parts[i].ranges
+        keys = read_part(backend, files[0].path, keys_range, f"part {i}")
+        values = read_part(backend, files[1].path, values_range, f"part {i}")
+        return decode_pair(keys, values, schema)
+
+    yield from map_ahead(read, indices)
+    if indices == list(range(len(expected.parts))):
+        # Every byte was checked against its part's crc32c; the parts' crc32c combined
+        # must then give each whole file's.
+        for j, file in enumerate(files):
+            found = 0
+            for part in expected.parts:
+                found = crc32c_combine(found, part.ranges[j].crc32c, part.ranges[j].length)
             check_crc_value(location(backend, file.path), file.crc32c, found)
-
-
-def _read_range(backend: Backend, f: BinaryIO, path: str, r: ByteRange, what: str) -> bytes:
-    where = location(backend, path)
-    f.seek(r.offset)
-    data = read_exact(f, r.length, where)
-    check_crc(where, what, r.crc32c, data)
-    return data
 
 
 def decode_pair(keys: bytes, values: bytes, schema: pa.Schema) -> pa.RecordBatch:

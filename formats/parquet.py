@@ -30,13 +30,15 @@ from ._shard import (
     check_rows,
     decoding,
     location,
+    map_ahead,
     read_frame,
+    read_part,
     rebatch,
     shard_info,
     wanted_parts,
     write_parts,
 )
-from ._stream import ChecksummingWriter, SparseFile, check_crc, read_exact
+from ._stream import ChecksummingWriter, SparseFile
 from .base import DEFAULT_BUFFER_SIZE, FileInfo, SchemaInfo, ShardFormat, ShardInfo
 
 if TYPE_CHECKING:
@@ -157,27 +159,23 @@ def _read_verified(
         raise FormatError(
             f"{where}: expected {len(expected.parts)} row groups, found {metadata.num_row_groups}"
         )
-    sparse = SparseFile(expected.files[0].bytes, where)
-    sparse.put(expected.parts[-1].ranges[0].end, tail)
-    with decoding(where):
-        reader = pq.ParquetFile(sparse, metadata=metadata)
-    with backend.open_read(path) as f:
-        for i in wanted_parts(parts, len(expected.parts), where):
-            part = expected.parts[i]
-            r = part.ranges[0]
-            f.seek(r.offset)
-            data = read_exact(f, r.length, where)
-            check_crc(where, f"part {i}", r.crc32c, data)
-            sparse.put(r.offset, data)
-            with decoding(where):
-                batches = list(
-                    reader.iter_batches(
-                        batch_size=buffer_size, row_groups=[i], columns=columns, use_threads=False
-                    )
-                )
-            sparse.drop(r.offset)
-            check_rows(where, i, part.rows, sum(b.num_rows for b in batches))
-            yield from batches
+    size, footer_at = expected.files[0].bytes, expected.parts[-1].ranges[0].end
+
+    def read(i: int) -> list[pa.RecordBatch]:
+        part = expected.parts[i]
+        r = part.ranges[0]
+        data = read_part(backend, path, r, f"part {i}")
+        sparse = SparseFile(size, where)  # one per part: parts decode in parallel
+        sparse.put(footer_at, tail)
+        sparse.put(r.offset, data)
+        with decoding(where):
+            reader = pq.ParquetFile(sparse, metadata=metadata)
+            table = reader.read_row_group(i, columns=columns, use_threads=False)
+        check_rows(where, i, part.rows, table.num_rows)
+        return table.to_batches(max_chunksize=buffer_size)
+
+    for batches in map_ahead(read, wanted_parts(parts, len(expected.parts), where)):
+        yield from batches
 
 
 def _read_unverified(

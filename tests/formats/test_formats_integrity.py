@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import google_crc32c
 import numpy as np
@@ -131,3 +132,27 @@ def test_crc32c_combine_matches_crc_of_concatenation():
         a, b = rng.bytes(la), rng.bytes(lb)
         combined = crc32c_combine(google_crc32c.value(a), google_crc32c.value(b), lb)
         assert combined == google_crc32c.value(a + b)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_corrupt_late_part_raises_even_while_earlier_parts_are_returned(backend, fmt):
+    f, info = write(backend, fmt)
+    r = info.parts[-1].ranges[-1]
+    flip_byte(backend, info.files[-1].path, r.offset + r.length // 2)
+    rows = 0
+    with pytest.raises(ChecksumError, match=f"part {len(info.parts) - 1}"):
+        for batch in f.read(backend, info.path, expected=info):
+            rows += batch.num_rows
+    assert rows <= sum(p.rows for p in info.parts[:-1])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_stopping_a_verified_read_early_releases_it(backend, fmt):
+    f, info = write(backend, fmt, n=1024)  # 16 parts
+    threads = threading.active_count()
+    reader = f.read(backend, info.path, expected=info, buffer_size=64)
+    first = next(reader)
+    reader.close()  # the parts read ahead are dropped, no thread is left behind
+    assert first.num_rows == 64
+    assert backend.stats.bytes_read < info.bytes / 2
+    assert threading.active_count() == threads
