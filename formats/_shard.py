@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 import pyarrow as pa
 
 from de_store.errors import DeStoreError, FormatError
 
-from ._stream import check_crc, check_frame, check_size, crc32c_combine
+from ._stream import check_crc, check_frame, check_size, crc32c_combine, read_exact
 from .base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
 from .batches import conform, key_range, select, split
 
@@ -118,16 +119,31 @@ def read_frame(
     return head, tail
 
 
-def read_part(backend: Backend, path: str, r: ByteRange, what: str) -> bytes:
-    """The bytes of one part's range in ``path``, checked against its recorded crc32c."""
-    where = location(backend, path)
-    data = backend.read_range(path, r.offset, r.end)
-    if len(data) != r.length:
-        raise FormatError(
-            f"{where} is truncated: expected {r.length} bytes of {what}, found {len(data)}"
-        )
-    check_crc(where, what, r.crc32c, data)
-    return data
+class PartReader:
+    """One open file of a shard, whose parts threads fetch in a set order and check.
+
+    Parts are decoded by several threads, but each fetch waits for its turn, so the
+    backend's streamed read (and its read-ahead on object stores) sees sequential reads.
+    """
+
+    def __init__(self, f: BinaryIO, where: str) -> None:
+        self._f = f
+        self._where = where
+        self._turn = 0
+        self._cond = threading.Condition()
+
+    def read(self, turn: int, r: ByteRange, what: str) -> bytes:
+        """Bytes ``r`` once fetches ``0 .. turn - 1`` are done, checked against ``r.crc32c``."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._turn == turn)
+            try:
+                self._f.seek(r.offset)
+                data = read_exact(self._f, r.length, self._where)
+            finally:
+                self._turn += 1
+                self._cond.notify_all()
+        check_crc(self._where, what, r.crc32c, data)
+        return data
 
 
 def map_ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = READ_AHEAD) -> Iterator[R]:
@@ -135,6 +151,7 @@ def map_ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = READ_AHEAD)
 
     Reading (I/O) and decoding (Arrow releases the GIL) of the next parts then overlap
     with the caller's use of the current one; at most ``depth + 1`` results are in hand.
+    Calls start in the order of ``items`` (one :class:`PartReader` turn each).
     """
     pending: collections.deque[Future[R]] = collections.deque()
     pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="de_store-read")

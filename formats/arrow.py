@@ -15,6 +15,7 @@ import pyarrow as pa
 from de_store.errors import FormatError
 
 from ._shard import (
+    PartReader,
     check_columns,
     check_expected,
     check_rows,
@@ -22,7 +23,6 @@ from ._shard import (
     location,
     map_ahead,
     read_frame,
-    read_part,
     rebatch,
     shard_info,
     wanted_parts,
@@ -129,16 +129,20 @@ def _read_verified(
         with decoding(where):
             check_columns(where, pa.ipc.read_schema(pa.py_buffer(head[8:])), expected.schema)
 
-    def read(i: int) -> pa.RecordBatch:
-        part = expected.parts[i]
-        data = read_part(backend, path, part.ranges[0], f"part {i}")
-        with decoding(where):
-            message = pa.ipc.read_message(pa.py_buffer(data))
-            batch = pa.ipc.read_record_batch(message, schema)
-        check_rows(where, i, part.rows, batch.num_rows)
-        return batch
+    with backend.open_read(path) as f:
+        reader = PartReader(f, where)
 
-    yield from map_ahead(read, wanted_parts(parts, len(expected.parts), where))
+        def read(job: tuple[int, int]) -> pa.RecordBatch:
+            turn, i = job
+            part = expected.parts[i]
+            data = reader.read(turn, part.ranges[0], f"part {i}")
+            with decoding(where):
+                message = pa.ipc.read_message(pa.py_buffer(data))
+                batch = pa.ipc.read_record_batch(message, schema)
+            check_rows(where, i, part.rows, batch.num_rows)
+            return batch
+
+        yield from map_ahead(read, enumerate(wanted_parts(parts, len(expected.parts), where)))
 
 
 def _read_unverified(

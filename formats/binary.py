@@ -19,10 +19,10 @@ import pyarrow as pa
 from de_store.errors import FormatError
 
 from ._shard import (
+    PartReader,
     check_expected,
     location,
     map_ahead,
-    read_part,
     rebatch,
     shard_info,
     wanted_parts,
@@ -129,13 +129,18 @@ def _read_verified(
     indices = wanted_parts(parts, len(expected.parts), location(backend, expected.path))
     schema = expected.schema.arrow_schema()
 
-    def read(i: int) -> pa.RecordBatch:
-        keys_range, values_range = expected.parts[i].ranges
-        keys = read_part(backend, files[0].path, keys_range, f"part {i}")
-        values = read_part(backend, files[1].path, values_range, f"part {i}")
-        return decode_pair(keys, values, schema)
+    with backend.open_read(files[0].path) as keys_f, backend.open_read(files[1].path) as values_f:
+        keys_reader = PartReader(keys_f, location(backend, files[0].path))
+        values_reader = PartReader(values_f, location(backend, files[1].path))
 
-    yield from map_ahead(read, indices)
+        def read(job: tuple[int, int]) -> pa.RecordBatch:
+            turn, i = job
+            keys_range, values_range = expected.parts[i].ranges
+            keys = keys_reader.read(turn, keys_range, f"part {i}")
+            values = values_reader.read(turn, values_range, f"part {i}")
+            return decode_pair(keys, values, schema)
+
+        yield from map_ahead(read, enumerate(indices))
     if indices == list(range(len(expected.parts))):
         # Every byte was checked against its part's crc32c; the parts' crc32c combined
         # must then give each whole file's.

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from de_store.errors import FormatError
 
 from ._shard import (
+    PartReader,
     check_columns,
     check_expected,
     check_rows,
@@ -32,7 +33,6 @@ from ._shard import (
     location,
     map_ahead,
     read_frame,
-    read_part,
     rebatch,
     shard_info,
     wanted_parts,
@@ -161,21 +161,25 @@ def _read_verified(
         )
     size, footer_at = expected.files[0].bytes, expected.parts[-1].ranges[0].end
 
-    def read(i: int) -> list[pa.RecordBatch]:
-        part = expected.parts[i]
-        r = part.ranges[0]
-        data = read_part(backend, path, r, f"part {i}")
-        sparse = SparseFile(size, where)  # one per part: parts decode in parallel
-        sparse.put(footer_at, tail)
-        sparse.put(r.offset, data)
-        with decoding(where):
-            reader = pq.ParquetFile(sparse, metadata=metadata)
-            table = reader.read_row_group(i, columns=columns, use_threads=False)
-        check_rows(where, i, part.rows, table.num_rows)
-        return table.to_batches(max_chunksize=buffer_size)
+    with backend.open_read(path) as f:
+        reader = PartReader(f, where)
 
-    for batches in map_ahead(read, wanted_parts(parts, len(expected.parts), where)):
-        yield from batches
+        def read(job: tuple[int, int]) -> list[pa.RecordBatch]:
+            turn, i = job
+            part = expected.parts[i]
+            r = part.ranges[0]
+            sparse = SparseFile(size, where)  # one per part: parts decode in parallel
+            sparse.put(footer_at, tail)
+            sparse.put(r.offset, reader.read(turn, r, f"part {i}"))
+            with decoding(where):
+                file = pq.ParquetFile(sparse, metadata=metadata)
+                table = file.read_row_group(i, columns=columns, use_threads=False)
+            check_rows(where, i, part.rows, table.num_rows)
+            return table.to_batches(max_chunksize=buffer_size)
+
+        jobs = enumerate(wanted_parts(parts, len(expected.parts), where))
+        for batches in map_ahead(read, jobs):
+            yield from batches
 
 
 def _read_unverified(
