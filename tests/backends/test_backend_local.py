@@ -64,3 +64,19 @@ def test_permission_denied_is_a_backend_error_naming_the_path(
             backend.write_bytes("locked/g.bin", b"y")
     finally:
         os.chmod(locked, 0o700)
+
+
+def test_streamed_write_flushed_in_the_background_is_complete(
+    local_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(LocalBackend, "sync_every", 4096)
+    backend = local_location.open()
+    data = bytes(range(256)) * 400
+    with backend.open_write("f.bin") as f:
+        for start in range(0, len(data), 1000):
+            f.write(data[start : start + 1000])
+    assert backend.read_bytes("f.bin") == data
+    with pytest.raises(RuntimeError, match="boom"), backend.open_write("g.bin") as f:
+        f.write(data)
+        raise RuntimeError("boom")
+    assert backend.list() == ["f.bin"]
