@@ -143,4 +143,7 @@ def test_tables_of_one_config_share_kernels_not_contents():
     assert _content(second) == {}
     assert sorted(_content(third)) == list(range(3, 43))
     third.insert(tf.constant([99], tf.int64), _rows(1))  # eager again, after the trace
+    with tf.GradientTape():  # a taped eager call must not reach the deleted table
+        _, exists = third.lookup(tf.constant([99, 1], tf.int64))
+    assert exists.numpy().tolist() == [True, False]
     assert int(third.size()) == 41 and int(second.size()) == 0

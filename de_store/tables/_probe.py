@@ -11,6 +11,7 @@ import functools
 from typing import Any, NamedTuple
 
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 EMPTY = -1
 DELETED = -2
@@ -108,15 +109,32 @@ class Kernels:
         function called there with variables could bind the variables of that trace.
         """
         if tf.executing_eagerly():
-            return getattr(self, name)(state, *args)
+            return getattr(self, name)(tuple(v.handle for v in state), *args)
         return getattr(TableOps(_View(self.config, state), self), name)(*args)
 
     def _function(self, name: str) -> tf.types.experimental.PolymorphicFunction:
-        def kernel(state: State, *args: tf.Tensor) -> object:
-            return getattr(TableOps(_View(self.config, State(*state)), self), name)(*args)
+        # The variables come in as resource handles (plain tensor inputs, so one trace
+        # serves every table); a function given variables would capture the first ones.
+        def kernel(handles: tuple[tf.Tensor, ...], *args: tf.Tensor) -> object:
+            state = State(*map(_handle_variable, handles, self._variable_specs()))
+            return getattr(TableOps(_View(self.config, state), self), name)(*args)
 
         kernel.__name__ = name
         return tf.function(kernel, autograph=False, reduce_retracing=True)
+
+    def _variable_specs(self) -> list[tf.TensorSpec]:
+        rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
+        counter = tf.TensorSpec([], tf.int64)
+        return [tf.TensorSpec([None, 2], tf.int64), rows, tf.TensorSpec([None], tf.int64)] + [
+            counter
+        ] * 4
+
+
+def _handle_variable(handle: tf.Tensor, spec: tf.TensorSpec) -> tf.Variable:
+    """A variable object over a resource handle given to a traced function."""
+    return resource_variable_ops.BaseResourceVariable(
+        handle=handle, dtype=spec.dtype, shape=spec.shape, trainable=False, in_graph_mode=False
+    )
 
 
 @functools.cache
