@@ -42,13 +42,17 @@ def write_read(
     return info, batches
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("key_dtype", ["int64", "int32", "string"])
+# binary stores integer keys only: test_binary_rejects_extras_and_string_keys checks that
+KEY_CASES = [
+    (fmt, key) for fmt in FORMATS for key in ("int64", "int32", "string")
+    if not (fmt == "binary" and key == "string")
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "key_dtype"), KEY_CASES)
 @pytest.mark.parametrize("value_dtype", VALUE_DTYPES)
 @pytest.mark.parametrize("dim", [1, 16])
 def test_round_trip_is_exact(backend, fmt, key_dtype, value_dtype, dim):
-    if fmt == "binary" and key_dtype == "string":
-        pytest.skip("binary stores integer keys only (tested below)")
     keys, values = make_keys(300, key_dtype), make_values(300, dim, value_dtype)
     schema = SchemaInfo("user/emb", dim, key_dtype, value_dtype)
     info, batches = write_read(backend, fmt, keys, values, schema_info=schema)
@@ -87,11 +91,12 @@ def test_extra_columns_round_trip(backend, fmt):
     assert info.columns == ("key", "value", "adam_m", "adam_v", "timestamp", "frequency")
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("verified", [True, False])
+# binary shards cannot be read without their ShardInfo: test_binary_needs_its_shard_info
+PART_CASES = [(fmt, v) for fmt in FORMATS for v in (True, False) if fmt != "binary" or v]
+
+
+@pytest.mark.parametrize(("fmt", "verified"), PART_CASES)
 def test_some_parts_and_columns(backend, fmt, verified):
-    if fmt == "binary" and not verified:
-        pytest.skip("binary shards need their ShardInfo to be read")
     keys, values = make_keys(300, "int64"), make_values(300, 4, "float32")
     info, _ = write_read(backend, fmt, keys, values, schema_info=SchemaInfo("emb", 4))
     f = get_format(fmt)
@@ -269,3 +274,14 @@ def test_round_trip_on_object_stores(request, store, fmt):
     assert same(got_keys, keys) and same(got_values, values)
     part = list(get_format(fmt).read(backend, info.path, expected=info, parts=[2]))
     assert same(concat(part)[0], keys[2000:])
+
+
+def test_binary_needs_its_shard_info(memory_location):
+    backend = memory_location.open()
+    f = get_format("binary")
+    keys, values = make_keys(10, "int64"), make_values(10, 2, "float32")
+    f.write(backend, "s", [batch_from_numpy(keys, values)], schema_info=SchemaInfo("e", 2))
+    with pytest.raises(
+        ValueError, match=r"binary shard .*/s records no dim or dtypes"
+    ):
+        list(f.read(backend, "s"))
