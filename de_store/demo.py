@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,19 +42,8 @@ def configure_cpus(count: int) -> list[str]:
 
 
 def load_example() -> ModuleType:
-    """``examples/train_ctr.py`` of the source tree de_store runs from."""
-    path = Path(__file__).resolve().parent.parent / "examples" / "train_ctr.py"
-    if not path.exists():
-        raise FileNotFoundError(
-            f"the demo trains {path}, which is not there: install de_store from a source "
-            "checkout (python -m pip install -e .)"
-        )
-    spec = importlib.util.spec_from_file_location("de_store_demo_train_ctr", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """``examples/train_ctr.py``, shipped as ``de_store.examples.train_ctr``."""
+    return importlib.import_module("de_store.examples.train_ctr")
 
 
 def _is_local(url: str) -> bool:
