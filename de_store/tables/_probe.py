@@ -406,25 +406,52 @@ class TableOps:
         (when ``pick_last``, else ``None``) the last occurrence of each key.
         """
         t = self.t
-        self.reserve(_count(keys))
+        n = _count(keys)
+        self.reserve(n)
         slots, rows = self.find_or_claim(keys)
-        fresh = tf.equal(rows, tf.range(_count(keys)) + TOKEN_BASE)
-        fresh_rows = self.allocate_rows(tf.reduce_sum(tf.cast(fresh, tf.int64)))
-        t.num_keys.assign_add(_count(fresh_rows))
-        # A key that found a slot claimed in this batch holds the claimer's token: map it
-        # to the claimer's new row (the claimer's rank among the fresh keys).
-        rank = tf.concat([tf.math.cumsum(tf.cast(fresh, tf.int64), exclusive=True), [0]], 0)
-        claimed = rows >= TOKEN_BASE
-        claimer = tf.where(claimed, rows - TOKEN_BASE, _count(keys))
-        padded = tf.concat([fresh_rows, [EMPTY]], 0)
-        rows = tf.where(claimed, tf.gather(padded, tf.gather(rank, claimer)), rows)
-        if pick_last:  # its closing write stores every slot's row, the fresh ones too
-            return rows, fresh, self.last_occurrence(keys, slots, rows)
+        fresh = tf.equal(rows, tf.range(n) + TOKEN_BASE)
+        num_fresh = tf.reduce_sum(tf.cast(fresh, tf.int64))
+        fresh_rows = self.allocate_rows(num_fresh)
+        t.num_keys.assign_add(num_fresh)
         at = tf.where(fresh)[:, 0]
         t.index.scatter_update(
             tf.IndexedSlices(tf.stack([tf.gather(keys, at), fresh_rows], 1), tf.gather(slots, at))
         )
-        return rows, fresh, None
+        # A key that found a slot claimed in this batch holds the claimer's token; the
+        # claimer's rank among the fresh keys numbers the new key (and its new row).
+        rank = tf.concat([tf.math.cumsum(tf.cast(fresh, tf.int64), exclusive=True), [0]], 0)
+        claimed = rows >= TOKEN_BASE
+        new_key = tf.gather(rank, tf.where(claimed, rows - TOKEN_BASE, n))
+        rows = tf.where(claimed, tf.gather(tf.concat([fresh_rows, [EMPTY]], 0), new_key), rows)
+        if not pick_last:
+            return rows, fresh, None
+        return rows, fresh, self._last_of_each(keys, slots, rows, claimed, new_key, num_fresh)
+
+    def _last_of_each(
+        self,
+        keys: tf.Tensor,
+        slots: tf.Tensor,
+        rows: tf.Tensor,
+        claimed: tf.Tensor,
+        new_key: tf.Tensor,
+        num_fresh: tf.Tensor,
+    ) -> tf.Tensor:
+        """Mark the last occurrence of each key of a resolved batch.
+
+        The occurrences of a new key are numbered by ``new_key``: a segment max picks the
+        last. Keys already present race for their slots (:meth:`last_occurrence`).
+        """
+        new_at, old_at = tf.where(claimed)[:, 0], tf.where(tf.logical_not(claimed))[:, 0]
+        number = tf.gather(new_key, new_at)
+        position = tf.cast(new_at, tf.int32)  # GPU segment max takes int32 data, not int64
+        latest = tf.math.unsorted_segment_max(position, number, num_fresh)
+        new_last = tf.equal(position, tf.gather(latest, number))
+        old_last = self.last_occurrence(*(tf.gather(x, old_at) for x in (keys, slots, rows)))
+        last = tf.dynamic_stitch(
+            [position, tf.cast(old_at, tf.int32)],
+            [tf.cast(new_last, tf.int32), tf.cast(old_last, tf.int32)],
+        )
+        return tf.cast(last, tf.bool)
 
     def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Upsert; the last of duplicated keys wins."""
