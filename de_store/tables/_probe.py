@@ -350,10 +350,11 @@ class TableOps:
         def grow() -> tf.Tensor:
             have = variable_length(t.values)
             bigger = tf.cast(tf.math.ceil(tf.cast(have, tf.float64) * t.row_growth), tf.int64)
-            extra = tf.maximum(needed, bigger) - have
-            t.values.assign(
-                tf.concat([t.values, tf.zeros(tf.stack([extra, t.dim]), t.values.dtype)], axis=0)
-            )
+            # One gather builds the bigger store (a read plus a concat would allocate and
+            # copy it twice more). Rows past the old end repeat its last row: a row is
+            # written (or zeroed, by accum) whenever it is handed out.
+            source = tf.minimum(tf.range(tf.maximum(needed, bigger)), have - 1)
+            t.values.assign(tf.gather(t.values, source))
             return tf.constant(True)
 
         have = variable_length(t.values)
