@@ -420,7 +420,10 @@ class TableOps:
         )
         # A key that found a slot claimed in this batch holds the claimer's token; the
         # claimer's rank among the fresh keys numbers the new key (and its new row).
-        rank = tf.concat([tf.math.cumsum(tf.cast(fresh, tf.int64), exclusive=True), [0]], 0)
+        rank = tf.dynamic_stitch(  # position -> rank among the fresh keys (a cumsum is slow)
+            [tf.range(n + 1, dtype=tf.int32), tf.cast(at, tf.int32)],
+            [tf.zeros(tf.reshape(n + 1, [1]), tf.int64), tf.range(num_fresh)],
+        )
         claimed = rows >= TOKEN_BASE
         new_key = tf.gather(rank, tf.where(claimed, rows - TOKEN_BASE, n))
         rows = tf.where(claimed, tf.gather(tf.concat([fresh_rows, [EMPTY]], 0), new_key), rows)
