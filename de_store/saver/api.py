@@ -105,6 +105,7 @@ def save(
             saver.options,
             barrier=saver.barrier,
             metadata=metadata,
+            job_id=saver.job_id,
         )
         return url
 

@@ -15,6 +15,7 @@ import time
 
 from de_store.backends.base import Backend
 from de_store.errors import BarrierTimeoutError
+from de_store.saver.retry import NO_RETRY, RetryPolicy, is_transient
 from de_store.saver.topology import Topology
 
 BARRIER_DIR = "_barrier"
@@ -44,16 +45,20 @@ class Barrier(abc.ABC):
 class StorageBarrier(Barrier):
     """Arrival files under ``folder`` of a shared backend; rank 0 polls for all of them."""
 
-    def __init__(self, backend: Backend, folder: str, topology: Topology) -> None:
+    def __init__(
+        self, backend: Backend, folder: str, topology: Topology, retry: RetryPolicy = NO_RETRY
+    ) -> None:
         self._backend = backend
         self._folder = folder
         self._topology = topology
+        self._retry = retry
 
     def _arrival(self, tag: str, rank: int) -> str:
         return self._backend.join(self._folder, BARRIER_DIR, tag, f"rank-{rank:05d}")
 
     def wait(self, tag: str, timeout_s: float) -> None:
-        self._backend.write_bytes(self._arrival(tag, self._topology.proc_rank), b"")
+        arrival = self._arrival(tag, self._topology.proc_rank)
+        self._retry.call(lambda: self._backend.write_bytes(arrival, b""))
         if not self._topology.is_chief:
             return  # rank 0 may commit (and rename the folder) as soon as all have arrived
         missing = wait_for_paths(
@@ -75,11 +80,21 @@ def wait_for_paths(backend: Backend, paths: dict[int, str], timeout_s: float) ->
     pending = dict(paths)
     delay = _POLL_START_S
     while True:
-        pending = {r: p for r, p in pending.items() if not backend.exists(p)}
+        pending = {r: p for r, p in pending.items() if not _exists(backend, p)}
         if not pending or time.monotonic() >= deadline:
             return sorted(pending)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, _POLL_MAX_S)
+
+
+def _exists(backend: Backend, path: str) -> bool:
+    """``backend.exists``; a transient failure counts as "not yet" (polled again)."""
+    try:
+        return backend.exists(path)
+    except Exception as err:
+        if not is_transient(err):
+            raise
+        return False
 
 
 class CoordinationServiceBarrier(Barrier):

@@ -16,19 +16,23 @@ crc32c of ``manifest-<generation>.json``.
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
+import os
 import time
 import uuid
 
 import google_crc32c
 
 from de_store.backends.base import Backend
-from de_store.errors import CheckpointError, CheckpointNotFoundError
+from de_store.errors import AlreadyExistsError, CheckpointError, CheckpointNotFoundError
 from de_store.saver.manifest import Manifest, manifest_from_json, to_json
+from de_store.saver.retry import NO_RETRY, RetryPolicy, write_once_checked
 
 COMMIT_PREFIX = "COMMIT-"
 MANIFEST_PREFIX = "manifest-"
 ABORT_NAME = "ABORT"
+LOCK_NAME = "LOCK"
 PENDING_SUFFIX = ".pending"
 REPLACED_INFIX = ".replaced-"
 RANKS_DIR = "_ranks"
@@ -43,90 +47,250 @@ def manifest_name(generation: int) -> str:
 
 
 class CommitStrategy(abc.ABC):
-    """Names the folder ranks write into and publishes it once complete."""
+    """Names the folders a save writes into and publishes the checkpoint once complete.
 
-    def __init__(self, backend: Backend, name: str) -> None:
+    Parameters
+    ----------
+    backend, name:
+        Where the checkpoint ``name`` goes.
+    token:
+        The save's job token: every rank of one save gets the same one, two different
+        saves (jobs) different ones; "" for a job without one (the shared legacy folders).
+    retry:
+        How storage steps of the commit are retried.
+    """
+
+    def __init__(
+        self, backend: Backend, name: str, token: str = "", retry: RetryPolicy = NO_RETRY
+    ) -> None:
         self.backend = backend
         self.name = name.strip("/")
+        self.token = token
+        self.retry = retry
+        #: Unique per save and rank; the content of the lock this save takes.
+        self.save_id = uuid.uuid4().hex
 
     @property
     @abc.abstractmethod
     def staging(self) -> str:
-        """Folder (relative to the backend root) that ranks write into."""
+        """Folder (relative to the backend root) that ranks write their shards into."""
+
+    @property
+    @abc.abstractmethod
+    def work(self) -> str:
+        """Folder of this save's own coordination files: rank manifests, barrier, ABORT."""
+
+    @abc.abstractmethod
+    def begin(self) -> None:
+        """Rank 0, before anything is written: claim the save, note what is committed.
+
+        Raises
+        ------
+        AlreadyExistsError
+            Another save of the same checkpoint holds the staging folder.
+        """
 
     @abc.abstractmethod
     def commit(self, manifest: Manifest) -> None:
-        """Write the merged manifest and publish the checkpoint atomically (rank 0 only)."""
+        """Write the merged manifest and publish the checkpoint atomically (rank 0 only).
+
+        Raises
+        ------
+        AlreadyExistsError
+            Another save committed ``name`` after this one began; nothing was changed.
+        """
+
+    def committed_state(self) -> bytes | None:
+        """The commit record of ``name`` now (None when uncommitted): changes on every commit."""
+        return commit_record(self.backend, self.name)
 
     def abort(self, reason: str) -> None:
         """Record why the save failed, so waiting ranks stop with that reason."""
-        self.backend.write_bytes(self.backend.join(self.staging, ABORT_NAME), reason.encode())
+        path = self.backend.join(self.work, ABORT_NAME)
+        self.retry.call(lambda: self.backend.write_bytes(path, reason.encode()))
 
     @property
     def where(self) -> str:
         return f"{self.backend.url.rstrip('/')}/{self.name}"
 
-    def _write_manifest(self, folder: str, generation: int, manifest: Manifest) -> bytes:
-        data = to_json(manifest)
-        self.backend.write_bytes(self.backend.join(folder, manifest_name(generation)), data)
+    def _record(self, generation: int, data: bytes) -> bytes:
         return json.dumps(
             {
                 "generation": generation,
                 "manifest_crc32c": google_crc32c.value(data),
                 "manifest_bytes": len(data),
                 "committed": time.time(),
+                "save_id": self.save_id,
             }
         ).encode()
 
+    def _lost(self, detail: str) -> AlreadyExistsError:
+        return AlreadyExistsError(
+            f"cannot commit {self.where}: {detail}; this save changed nothing there "
+            "(another save of the same checkpoint ran at the same time)"
+        )
+
 
 class RenameCommit(CommitStrategy):
-    """Stage in ``NAME.pending/``, then one atomic directory rename to ``NAME``.
+    """Stage in ``NAME.pending/<token>/``, then one atomic directory rename to ``NAME``.
 
-    Rewriting a committed ``NAME`` moves the old folder aside first; a crash between the
-    two renames leaves the old checkpoint under ``NAME.replaced-*``, which readers use.
+    Rank 0 takes ``LOCK`` (write-once) in the staging folder first, so a second save of
+    the same job and name fails early. A save replaces a committed ``NAME`` only if it is
+    the one committed when the save began (a rewrite); rewriting moves the old folder aside
+    first, and a crash between the two renames leaves the old checkpoint under
+    ``NAME.replaced-*``, which readers use.
     """
+
+    _base: bytes | None = None
 
     @property
     def staging(self) -> str:
-        return self.name + PENDING_SUFFIX
+        pending = self.name + PENDING_SUFFIX
+        return f"{pending}/{self.token}" if self.token else pending
+
+    @property
+    def work(self) -> str:
+        return self.staging
+
+    def begin(self) -> None:
+        lock = self.backend.join(self.staging, LOCK_NAME)
+        try:
+            write_once_checked(self.backend, lock, self.save_id.encode(), self.retry)
+        except AlreadyExistsError as err:
+            raise AlreadyExistsError(
+                f"cannot save {self.where}: {self.backend.url.rstrip('/')}/{lock} exists, "
+                "another save in progress (or an interrupted one: `de-store gc` removes it)"
+            ) from err
+        self._base = self.retry.call(self.committed_state)
 
     def commit(self, manifest: Manifest) -> None:
-        record = self._write_manifest(self.staging, 1, manifest)
-        self.backend.write_bytes(self.backend.join(self.staging, commit_name(1)), record)
-        aside = None
-        if self.backend.exists(self.name):
-            aside = f"{self.name}{REPLACED_INFIX}{uuid.uuid4().hex[:12]}"
-            self.backend.publish(self.name, aside)
-        self.backend.publish(self.staging, self.name)
+        data = to_json(manifest)
+        staging = self.backend.sub(self.staging)
+        self.retry.call(lambda: staging.write_bytes(manifest_name(1), data))
+        record = self._record(1, data)
+        self.retry.call(lambda: staging.write_bytes(commit_name(1), record))
+        self._check_lock()
+        aside = self._move_aside()
+        try:
+            self.retry.call(lambda: self._publish(record))
+        except Exception:
+            if aside is not None:
+                with contextlib.suppress(Exception):
+                    self.backend.publish(aside, self.name)
+            raise
         if aside is not None:
-            self.backend.delete(aside, recursive=True)
+            with contextlib.suppress(Exception):
+                self.retry.call(lambda: self.backend.delete(aside, recursive=True))
+        self._remove_empty_pending()
+
+    def _check_lock(self) -> None:
+        lock = self.backend.join(self.staging, LOCK_NAME)
+        if self.retry.call(lambda: self.backend.read_bytes(lock)) != self.save_id.encode():
+            raise self._lost(f"{lock} was taken over by another save")
+
+    def _move_aside(self) -> str | None:
+        """Move the committed ``NAME`` aside if it is the one this save began with."""
+        if self.retry.call(self.committed_state) != self._base:
+            raise self._lost("another save committed it after this one began")
+        if self._base is None:
+            return None
+        aside = f"{self.name}{REPLACED_INFIX}{uuid.uuid4().hex[:12]}"
+        self.retry.call(lambda: self.backend.publish(self.name, aside))
+        if commit_record(self.backend, aside) != self._base:  # replaced in between
+            with contextlib.suppress(Exception):
+                self.backend.publish(aside, self.name)
+            raise self._lost("another save committed it after this one began")
+        return aside
+
+    def _publish(self, record: bytes) -> None:
+        if not self.backend.exists(self.staging) and self.committed_state() == record:
+            return  # an earlier attempt renamed it; its reply was lost
+        try:
+            self.backend.publish(self.staging, self.name)
+        except Exception as err:
+            if commit_record(self.backend, self.name) not in (None, record):
+                raise self._lost("another save committed it first") from err
+            raise
+
+    def _remove_empty_pending(self) -> None:
+        """Drop the emptied ``NAME.pending`` parent; rmdir keeps other saves' folders."""
+        if not self.token:
+            return
+        path = self.backend.local_path(self.name + PENDING_SUFFIX)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
 
 
 class MarkerCommit(CommitStrategy):
     """Write under ``NAME/`` and create ``NAME/COMMIT-<generation>`` write-once.
 
     Data files carry a per-save unique suffix, so a rewrite never touches the files of the
-    committed generation; the highest committed generation is the checkpoint.
+    committed generation; the highest committed generation is the checkpoint. Rank 0 claims
+    generation ``g + 1`` (``g``: the highest generation present when the save began) by
+    creating ``manifest-<g + 1>.json`` write-once: of two concurrent saves only one can,
+    and a save never commits over a generation committed after it began.
     """
+
+    _generation = 0
 
     @property
     def staging(self) -> str:
         return self.name
 
+    @property
+    def work(self) -> str:
+        return f"{self.name}/{RANKS_DIR}/{self.token}" if self.token else self.name
+
+    def begin(self) -> None:
+        self._generation = self.retry.call(lambda: claimed_generation(self.backend, self.name))
+
     def commit(self, manifest: Manifest) -> None:
-        generation = latest_generation(self.backend, self.name) + 1
-        record = self._write_manifest(self.name, generation, manifest)
-        self.backend.write_once(self.backend.join(self.name, commit_name(generation)), record)
+        generation = self._generation + 1
+        data = to_json(manifest)
+        path = self.backend.join(self.name, manifest_name(generation))
+        try:
+            write_once_checked(self.backend, path, data, self.retry)
+        except AlreadyExistsError as err:
+            raise self._lost(f"another save claimed generation {generation} first") from err
+        record = self._record(generation, data)
+        marker = self.backend.join(self.name, commit_name(generation))
+        write_once_checked(self.backend, marker, record, self.retry)
 
 
-def commit_strategy(backend: Backend, name: str) -> CommitStrategy:
+def commit_strategy(
+    backend: Backend, name: str, token: str = "", retry: RetryPolicy = NO_RETRY
+) -> CommitStrategy:
     """The commit strategy the backend's capabilities call for."""
     if backend.capabilities.supports_atomic_rename:
-        return RenameCommit(backend, name)
-    return MarkerCommit(backend, name)
+        return RenameCommit(backend, name, token, retry)
+    return MarkerCommit(backend, name, token, retry)
 
 
 # --- reading committed checkpoints ------------------------------------------------------
+def commit_record(backend: Backend, folder: str) -> bytes | None:
+    """The content of ``folder``'s latest ``COMMIT-*`` record, or None if uncommitted."""
+    generation = latest_generation(backend, folder)
+    if not generation:
+        return None
+    try:
+        return backend.read_bytes(backend.join(folder, commit_name(generation)))
+    except FileNotFoundError:
+        return None
+
+
+def claimed_generation(backend: Backend, folder: str) -> int:
+    """The highest generation with a commit record or a manifest (claimed) in ``folder``."""
+    found = [latest_generation(backend, folder)]
+    for path in backend.list(folder):
+        base = path.rsplit("/", 1)[-1]
+        digits = base[len(MANIFEST_PREFIX) : -len(".json")]
+        top = path.count("/") == folder.count("/") + 1
+        if top and base.startswith(MANIFEST_PREFIX) and base.endswith(".json") and digits.isdigit():
+            found.append(int(digits))
+    return max(found)
+
+
 def _generations(backend: Backend, folder: str) -> list[int]:
     found = []
     for path in backend.list(folder):

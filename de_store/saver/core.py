@@ -9,20 +9,25 @@ Restore (any rank): committed manifest -> parts that can hold this rank's keys -
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+import re
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from de_store.backends import Backend, open_backend
 from de_store.errors import BarrierTimeoutError, CheckpointError
+from de_store.formats import FORMATS
 from de_store.saver import shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
 from de_store.saver.commit import (
     ABORT_NAME,
     RANKS_DIR,
     CommitStrategy,
+    commit_record,
     commit_strategy,
-    committed_folder,
     read_manifest,
 )
 from de_store.saver.manifest import (
@@ -33,8 +38,18 @@ from de_store.saver.manifest import (
     rank_manifest_from_json,
     to_json,
 )
+from de_store.saver.retry import RetryPolicy, is_transient
 from de_store.saver.rows import ShardRows, VariableRows, apply_rows, check_compatible
 from de_store.saver.topology import Topology
+
+#: Launch variables naming the job, tried in order when no ``job_id`` is given.
+JOB_ID_VARIABLES = (
+    "DE_STORE_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "OMPI_MCA_ess_base_jobid",
+    "PMIX_NAMESPACE",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +61,24 @@ class IOOptions:
     format: shard format name: "parquet" (default), "arrow" or "binary".
     buffer_size: rows per part on write and most rows per batch on read.
     barrier_timeout_s: how long ranks wait for each other before failing.
+    retry: how failed storage steps (one shard file, a manifest, the commit, one read)
+        are retried; ``RetryPolicy(attempts=1)`` disables retries.
     """
 
     format: str = "parquet"
     buffer_size: int = 65536
     barrier_timeout_s: float = 600.0
+    retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"format {self.format!r} is not one of {sorted(FORMATS)}")
+        if not isinstance(self.buffer_size, int) or self.buffer_size < 1:
+            raise ValueError(f"buffer_size must be an int >= 1, got {self.buffer_size!r}")
+        if not self.barrier_timeout_s > 0:
+            raise ValueError(f"barrier_timeout_s must be > 0, got {self.barrier_timeout_s!r}")
+        if not isinstance(self.retry, RetryPolicy):
+            raise ValueError(f"retry must be a RetryPolicy, got {self.retry!r}")
 
 
 def open_location(url: str, storage_options: dict[str, Any] | None) -> tuple[Backend, str]:
@@ -59,6 +87,21 @@ def open_location(url: str, storage_options: dict[str, Any] | None) -> tuple[Bac
     if not name or parent.endswith(":/"):
         raise ValueError(f"checkpoint URL {url!r} must name a folder under a parent path")
     return open_backend(parent or ".", storage_options), name
+
+
+def job_token(topology: Topology, job_id: str | None = None) -> str:
+    """The staging token shared by every rank of one save, different for another job.
+
+    ``job_id`` if given, else the first of :data:`JOB_ID_VARIABLES` set; a single process
+    draws a random one per save. A multi-process job without any gets "" (shared folders).
+    """
+    if topology.proc_size == 1 and job_id is None:
+        return uuid.uuid4().hex[:16]
+    if job_id is None:
+        job_id = next((os.environ[v] for v in JOB_ID_VARIABLES if os.environ.get(v)), "")
+        if job_id and os.environ.get("SLURM_STEP_ID") and job_id == os.environ.get("SLURM_JOB_ID"):
+            job_id += "." + os.environ["SLURM_STEP_ID"]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:64]
 
 
 def save_checkpoint(
@@ -70,21 +113,28 @@ def save_checkpoint(
     *,
     barrier: Barrier | None = None,
     metadata: dict[str, Any] | None = None,
+    job_id: str | None = None,
 ) -> None:
     """Write this rank's rows and, once all ranks have, commit the checkpoint ``name``."""
-    strategy = commit_strategy(backend, name)
-    barrier = barrier or StorageBarrier(backend, strategy.staging, topology)
+    strategy = commit_strategy(backend, name, job_token(topology, job_id), options.retry)
+    if topology.is_chief:
+        strategy.begin()  # nothing written yet: a refused save must not ABORT the other one
+        before = None
+    else:
+        before = options.retry.call(strategy.committed_state)
+    barrier = barrier or StorageBarrier(backend, strategy.work, topology, options.retry)
     try:
-        rank_manifest = write_rank(variables, backend.sub(strategy.staging), topology, options)
+        rank_manifest = write_rank(variables, backend.sub(strategy.staging), topology, options,
+                                   _rank_manifest_path(strategy, topology.proc_rank))  # fmt: skip
         barrier.wait("shards-written", options.barrier_timeout_s)
+        if topology.is_chief:
+            _merge_and_commit(strategy, topology, rank_manifest, metadata)
     except BaseException as err:
         if topology.is_chief:
             strategy.abort(f"rank 0 failed before commit: {err!r}")
         raise
-    if topology.is_chief:
-        _merge_and_commit(strategy, topology, rank_manifest, metadata)
-    else:
-        _wait_for_commit(strategy, topology, options.barrier_timeout_s)
+    if not topology.is_chief:
+        _wait_for_commit(strategy, topology, options.barrier_timeout_s, before)
 
 
 def write_rank(
@@ -92,31 +142,40 @@ def write_rank(
     backend: Backend,
     topology: Topology,
     options: IOOptions,
+    manifest_path: str,
 ) -> RankManifest:
     """Write every shard of this rank under ``backend`` (the staging folder), then its rank
-    manifest. Shard paths are relative to the checkpoint folder, so a rename keeps them."""
+    manifest at ``manifest_path``. Shard paths are relative to the checkpoint folder, so a
+    rename keeps them. Each shard file is one retried step (a new file name per attempt)."""
     entries = {}
     for rows in variables:
+        write = functools.partial(
+            shards.write_shard,
+            backend,
+            rows,
+            rank=topology.proc_rank,
+            format_name=options.format,
+            buffer_size=options.buffer_size,
+        )
         records = [
-            shards.write_shard(
-                backend,
-                rows,
-                index,
-                rank=topology.proc_rank,
-                global_shard=topology.proc_rank * len(rows.shards) + index,
-                format_name=options.format,
-                buffer_size=options.buffer_size,
+            options.retry.call(
+                functools.partial(
+                    write, index, global_shard=topology.proc_rank * len(rows.shards) + index
+                )
             )
             for index in range(len(rows.shards))
         ]
         entries[rows.name] = shards.entry_for(rows, records, options.format)
     manifest = RankManifest(topology.proc_rank, topology.proc_size, entries)
-    backend.write_bytes(_rank_manifest_path(topology.proc_rank), to_json(manifest))
+    data = to_json(manifest)
+    options.retry.call(lambda: backend.write_bytes(manifest_path, data))
     return manifest
 
 
-def _rank_manifest_path(rank: int) -> str:
-    return f"{RANKS_DIR}/rank-{rank:05d}.json"
+def _rank_manifest_path(strategy: CommitStrategy, rank: int) -> str:
+    """Relative to the staging folder (the work folder is inside it)."""
+    work = strategy.work[len(strategy.staging) :].strip("/")
+    return "/".join(p for p in (work, RANKS_DIR, f"rank-{rank:05d}.json") if p)
 
 
 def _merge_and_commit(
@@ -126,24 +185,32 @@ def _merge_and_commit(
     metadata: dict[str, Any] | None,
 ) -> None:
     staging = strategy.backend.sub(strategy.staging)
+    retry = strategy.retry
     ranks = [own]
     for rank in range(1, topology.proc_size):
-        path = _rank_manifest_path(rank)
-        ranks.append(rank_manifest_from_json(staging.read_bytes(path), f"{staging.url}/{path}"))
-    staging.delete(BARRIER_DIR, recursive=True)  # every rank has arrived: no longer needed
+        path = _rank_manifest_path(strategy, rank)
+        data = retry.call(functools.partial(staging.read_bytes, path))
+        ranks.append(rank_manifest_from_json(data, f"{staging.url}/{path}"))
+    work = strategy.backend.sub(strategy.work)
+    retry.call(lambda: work.delete(BARRIER_DIR, recursive=True))  # every rank has arrived
     strategy.commit(merge_rank_manifests(ranks, metadata=metadata))
 
 
-def _wait_for_commit(strategy: CommitStrategy, topology: Topology, timeout_s: float) -> None:
-    """Block a non-chief rank until rank 0 committed, aborted, or the timeout passed."""
+def _wait_for_commit(
+    strategy: CommitStrategy, topology: Topology, timeout_s: float, before: bytes | None
+) -> None:
+    """Block a non-chief rank until rank 0 committed (the commit record of the checkpoint
+    is no longer ``before``), aborted, or the timeout passed."""
     backend = strategy.backend
-    abort_path = backend.join(strategy.staging, ABORT_NAME)
+    abort_path = backend.join(strategy.work, ABORT_NAME)
     deadline = time.monotonic() + timeout_s
     delay = 0.005
-    while committed_folder(backend, strategy.name) is None:
-        if backend.exists(abort_path):
-            reason = backend.read_bytes(abort_path).decode(errors="replace")
-            raise CheckpointError(f"save of {strategy.where} was aborted: {reason}")
+    while _poll(lambda: commit_record(backend, strategy.name), before) == before:
+        if _poll(lambda: backend.exists(abort_path), False):
+            reason = strategy.retry.call(lambda: backend.read_bytes(abort_path))
+            raise CheckpointError(
+                f"save of {strategy.where} was aborted: {reason.decode(errors='replace')}"
+            )
         if time.monotonic() >= deadline:
             raise BarrierTimeoutError(
                 f"rank {topology.proc_rank}: rank 0 did not commit {strategy.where} "
@@ -151,6 +218,16 @@ def _wait_for_commit(strategy: CommitStrategy, topology: Topology, timeout_s: fl
             )
         time.sleep(delay)
         delay = min(2 * delay, 0.25)
+
+
+def _poll(check: Any, failed: Any) -> Any:
+    """One poll of a wait loop; a failed check counts as "not yet" (the loop retries)."""
+    try:
+        return check()
+    except Exception as err:
+        if not is_transient(err):
+            raise
+        return failed
 
 
 # --- restore ----------------------------------------------------------------------------
@@ -162,7 +239,7 @@ def restore_checkpoint(
     options: IOOptions,
 ) -> Manifest:
     """Restore each variable's keys that belong to this rank; all or nothing."""
-    folder, manifest = read_manifest(backend, name)
+    folder, manifest = options.retry.call(lambda: read_manifest(backend, name))
     where = f"{backend.url.rstrip('/')}/{name}"
     entries = [manifest.variable(v.name, where) for v in variables]
     for variable, entry in zip(variables, entries, strict=True):
@@ -181,10 +258,18 @@ def _read_entry(
         parts = shards.parts_for_rank(record, topology.proc_rank, topology.proc_size)
         if not parts:
             continue
-        for rows in shards.read_shard_rows(folder, record, parts, buffer_size=options.buffer_size):
+        read = functools.partial(_read_parts, folder, record, parts, options)
+        for rows in options.retry.call(read):
             out.append(
                 shards.select_rank_rows(
                     rows, entry.key_dtype, topology.proc_rank, topology.proc_size
                 )
             )
     return out
+
+
+def _read_parts(
+    folder: Backend, record: Any, parts: list[int], options: IOOptions
+) -> list[ShardRows]:
+    """One shard's parts, read whole: the retried step of a restore."""
+    return list(shards.read_shard_rows(folder, record, parts, buffer_size=options.buffer_size))

@@ -11,9 +11,9 @@ import dataclasses
 import posixpath
 from typing import Any
 
-from de_store.formats import FORMATS
 from de_store.saver.barrier import Barrier
 from de_store.saver.core import IOOptions
+from de_store.saver.retry import RetryPolicy
 from de_store.saver.topology import Topology, detect_topology
 
 #: Folder beside a TF checkpoint that holds its KV data when no ``save_path`` is given.
@@ -46,6 +46,14 @@ class FileSystemSaver:
         How ranks wait for each other; default: through the storage itself.
     barrier_timeout_s:
         How long a rank waits for the others before failing with the missing ranks named.
+    retry:
+        How failed storage steps are retried (default ``RetryPolicy()``: 4 tries with
+        exponential backoff); ``RetryPolicy(attempts=1)`` disables retries.
+    job_id:
+        Names the job for a multi-process save, the same on every rank: the ranks of one
+        job stage in their own folder, apart from another job saving the same checkpoint.
+        Detected from launch variables (``core.JOB_ID_VARIABLES``) when not given; a single
+        process needs none (each save draws its own).
     """
 
     def __init__(
@@ -58,18 +66,17 @@ class FileSystemSaver:
         storage_options: dict[str, Any] | None = None,
         barrier: Barrier | None = None,
         barrier_timeout_s: float = 600.0,
+        retry: RetryPolicy | None = None,
+        job_id: str | None = None,
     ) -> None:
-        if not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"buffer_size must be an int >= 1, got {buffer_size!r}")
-        if format not in FORMATS:
-            raise ValueError(f"format {format!r} is not one of {sorted(FORMATS)}")
-        if barrier_timeout_s <= 0:
-            raise ValueError(f"barrier_timeout_s must be > 0, got {barrier_timeout_s!r}")
+        self.options = IOOptions(format, buffer_size, barrier_timeout_s, retry or RetryPolicy())
+        if job_id is not None and (not isinstance(job_id, str) or not job_id):
+            raise ValueError(f"job_id must be a non-empty string, got {job_id!r}")
         self.topology: Topology = detect_topology(proc_size, proc_rank)
         self.save_path = save_path.rstrip("/") if save_path else None
         self.storage_options = dict(storage_options or {})
-        self.options = IOOptions(format, buffer_size, barrier_timeout_s)
         self.barrier = barrier
+        self.job_id = job_id
 
     @property
     def proc_size(self) -> int:

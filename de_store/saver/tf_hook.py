@@ -125,6 +125,7 @@ def _save_eagerly(trackables: Mapping[str, Any], names: list[str], prefix: str) 
             saver.options,
             barrier=saver.barrier,
             metadata={"tf_prefix": prefix},
+            job_id=saver.job_id,
         )
         if saver.topology.is_chief:
             gc.remove_orphans(backend, keep=folder)
