@@ -281,7 +281,5 @@ def test_binary_needs_its_shard_info(memory_location):
     f = get_format("binary")
     keys, values = make_keys(10, "int64"), make_values(10, 2, "float32")
     f.write(backend, "s", [batch_from_numpy(keys, values)], schema_info=SchemaInfo("e", 2))
-    with pytest.raises(
-        ValueError, match=r"binary shard .*/s records no dim or dtypes"
-    ):
+    with pytest.raises(ValueError, match=r"binary shard .*/s records no dim or dtypes"):
         list(f.read(backend, "s"))
