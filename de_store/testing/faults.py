@@ -140,7 +140,8 @@ class _FaultyStream(io.RawIOBase):
         return int(self._raw.write(data))
 
     def flush(self) -> None:
-        self._raw.flush()
+        if not self._raw.closed:
+            self._raw.flush()
 
     def discard(self) -> None:
         if hasattr(self._raw, "discard"):
