@@ -6,7 +6,8 @@ CONFIG keys: ``store`` ("local" or "s3"), ``root`` (path or bucket/prefix), ``op
 (s3fs storage options), ``first`` (checkpoint saved without faults first, or null),
 ``name`` (checkpoint saved under the plan), ``kill_at`` ([kind, k] or null), ``fail``
 (kind -> share), ``seed``, ``format``, ``proc_size``, ``rank``, ``job_id``,
-``barrier_timeout_s``, ``hang`` (never arrive), ``trace_out`` (JSON file of the calls).
+``barrier_timeout_s``, ``hang`` (never arrive), ``trace_out`` (JSON file of the calls),
+``version`` (of the content saved under ``name``, default 2).
 
 TensorFlow is not imported: the rows are numpy arrays handed to ``save_checkpoint``
 (int64 keys need no TF), which keeps each process start well under a second.
@@ -98,7 +99,8 @@ def main(config: dict) -> None:
         time.sleep(3600)
     plan.active = True
     try:
-        save_checkpoint([variable_rows(2, size, rank)], backend, config["name"], topology,
+        version = config.get("version", 2)
+        save_checkpoint([variable_rows(version, size, rank)], backend, config["name"], topology,
                         options, job_id=job_id)  # fmt: skip
     finally:
         if config.get("trace_out"):
