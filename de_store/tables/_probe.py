@@ -11,6 +11,7 @@ import functools
 from typing import Any, NamedTuple
 
 import tensorflow as tf
+from tensorflow.python.framework import cpp_shape_inference_pb2
 from tensorflow.python.ops import resource_variable_ops
 
 EMPTY = -1
@@ -90,10 +91,9 @@ class _View:
 class Kernels:
     """The ``tf.function`` s of every table of one :class:`Config`, variables passed in.
 
-    A function is traced once per config (twice with the first call's exact shapes), not
-    once per table: tests and models create many small tables of a few configs. Kernels do
-    not call each other as functions: a nested ``tf.function`` given variables would bind
-    the first caller's variables.
+    A function is traced once per config, not once per table: tests and models create many
+    small tables of a few configs. Kernels do not call each other as functions: a nested
+    ``tf.function`` given variables would bind the first caller's variables.
     """
 
     def __init__(self, config: Config) -> None:
@@ -120,7 +120,12 @@ class Kernels:
             return getattr(TableOps(_View(self.config, state), self), name)(*args)
 
         kernel.__name__ = name
-        return tf.function(kernel, autograph=False, reduce_retracing=True)
+        keys = tf.TensorSpec([None], tf.int64)
+        rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
+        args = {"lookup": [keys], "remove": [keys], "clear": [], "export_all": []}
+        handles = tuple(tf.TensorSpec([], tf.resource) for _ in State._fields)
+        signature = [handles, *args.get(name, [keys, rows])]
+        return tf.function(kernel, autograph=False, input_signature=signature)
 
     def _variable_specs(self) -> list[tf.TensorSpec]:
         rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
@@ -131,7 +136,13 @@ class Kernels:
 
 
 def _handle_variable(handle: tf.Tensor, spec: tf.TensorSpec) -> tf.Variable:
-    """A variable object over a resource handle given to a traced function."""
+    """A variable object over a resource handle given to a traced function.
+
+    The handle's shape data is set first, so that ops reading it infer their shapes.
+    """
+    data = cpp_shape_inference_pb2.CppShapeInferenceResult.HandleData(is_set=True)
+    data.shape_and_type.add(shape=spec.shape.as_proto(), dtype=spec.dtype.as_datatype_enum)
+    resource_variable_ops._set_handle_shapes_and_types(handle, data, graph_mode=True)
     return resource_variable_ops.BaseResourceVariable(
         handle=handle, dtype=spec.dtype, shape=spec.shape, trainable=False, in_graph_mode=False
     )
@@ -183,19 +194,24 @@ class TableOps:
             empty = tf.equal(rows, EMPTY)
             if claim:
                 done = tf.logical_or(hit, self._claim(idx, ks, pos, empty))
-                at = tf.stack([pos, tf.where(hit, rows, idx + TOKEN_BASE)], axis=1)
                 # A loser of a race stays: the winner may be a duplicate of it.
-                move = tf.logical_not(empty)
+                next_pos = tf.where(empty, pos, tf.bitwise.bitwise_and(pos + 1, mask))
             else:
                 done = tf.logical_or(hit, empty)
-                at = tf.stack([tf.where(hit, pos, -1), tf.where(hit, rows, EMPTY)], axis=1)
-                move = tf.ones_like(empty)
+                next_pos = pos  # moved below, for the kept keys only
             done_at = tf.where(done)[:, 0]
             found = found.write(step, tf.gather(idx, done_at))
-            found_at = found_at.write(step, tf.gather(at, done_at))
+            hit, rows = tf.gather(hit, done_at), tf.gather(rows, done_at)
+            if claim:  # the slot, and the row found or the claim token
+                tokens = tf.gather(idx, done_at) + TOKEN_BASE
+                at = [tf.gather(pos, done_at), tf.where(hit, rows, tokens)]
+            else:  # the slot and row found, or (-1, EMPTY)
+                at = [tf.where(hit, tf.gather(pos, done_at), -1), tf.where(hit, rows, EMPTY)]
+            found_at = found_at.write(step, tf.stack(at, axis=1))
             keep = tf.where(tf.logical_not(done))[:, 0]
-            pos = tf.where(move, tf.bitwise.bitwise_and(pos + 1, mask), pos)
-            kept = (tf.gather(x, keep) for x in (idx, ks, pos))
+            kept = [tf.gather(x, keep) for x in (idx, ks, next_pos)]
+            if not claim:
+                kept[2] = tf.bitwise.bitwise_and(kept[2] + 1, mask)
             return (step + 1, *kept, found, found_at)
 
         loop = tf.while_loop(
