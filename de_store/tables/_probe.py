@@ -2,6 +2,8 @@
 
 Every function here builds TensorFlow ops only (no Python control flow on tensor values),
 so it traces inside ``tf.function`` and runs on whatever device the table lives on.
+:class:`Kernels` holds the compiled functions of one :class:`Config`, shared by its tables;
+:class:`TableOps` builds the ops of one operation over one table's variables.
 """
 
 from __future__ import annotations

@@ -17,10 +17,15 @@ Batches are processed in parallel: every key probes at once, in rounds of a
 ``tf.while_loop`` that carry only the keys still unresolved. Keys that reach the same empty
 slot in the same round race for it with a ``scatter_update`` of ``(key, token)``; the one
 read back wins and the losers look at the slot again next round (a duplicate of the winner
-then finds it). A second token race, re-run for later writers until the last one holds the
-slot, picks the last occurrence of a duplicated key for ``insert`` and one occurrence for
-``remove``; ``accum`` sums duplicates with ``scatter_add``. A rehash places the (distinct)
-keys with their row ids directly.
+then finds it). For ``insert``, the last occurrence of a duplicated new key is a segment
+max over the keys that found its claim; present keys (and ``remove``) race with tokens
+once more, re-run for later writers until the last one holds the slot. ``accum`` sums
+duplicates with ``scatter_add``. A rehash places the (distinct) keys with their row ids
+directly.
+
+The kernels are ``tf.function`` s shared by every table of one configuration (dtype, dim,
+sizing), traced once and given the variables' resource handles; inside a caller's
+``tf.function`` the same code is inlined into the caller's graph.
 """
 
 from __future__ import annotations
