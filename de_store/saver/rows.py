@@ -7,13 +7,14 @@ A :class:`VariableRows` holds, per table shard, the keys and every per-key colum
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from de_store.errors import CheckpointError
+from de_store.saver.buckets import group_by_bucket
 from de_store.saver.manifest import ColumnSpec, VariableEntry
 
 VALUE_COLUMN = "value"
@@ -24,10 +25,15 @@ UPSERT_ROWS = 1 << 18
 
 @dataclasses.dataclass
 class ShardRows:
-    """The rows of one table shard: ``keys [n]`` and ``columns[name] [n, dim]``."""
+    """The rows of one table shard: ``keys [n]`` and ``columns[name] [n, dim]``.
+
+    ``bucket_counts``, when set, says the rows are already grouped by key bucket
+    (:mod:`de_store.saver.buckets`): ``bucket_counts[b]`` rows of bucket ``b``, in order.
+    """
 
     keys: np.ndarray
     columns: dict[str, np.ndarray]
+    bucket_counts: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -54,56 +60,52 @@ def column_specs(variable: Any) -> dict[str, ColumnSpec]:
     return specs
 
 
-def export_shard_tensors(variable: Any, index: int) -> list[tf.Tensor]:
-    """``[keys, values, companion columns...]`` of shard ``index`` as one consistent read.
+def export_shard(variable: Any, index: int) -> ShardRows:
+    """Read shard ``index``: keys grouped by bucket, their values and companion rows.
 
-    Made only of TF ops, so it can run inside a ``tf.function`` (the async snapshot).
+    A core that exposes its index (``HashTable.export_index``) is read with one gather of
+    the values straight into bucket order; others are exported, then reordered.
     """
     shard = variable.shards[index]
+    key_dtype = variable.key_dtype.name
     with tf.device(variable.devices[index]):
-        export_all = getattr(shard, "export_all", None)
-        if export_all is not None:
-            keys, values = export_all()
+        if hasattr(shard, "export_index"):
+            keys_t, rows_t = shard.export_index()
+            order, counts = group_by_bucket(np.asarray(keys_t), key_dtype)
+            values = np.asarray(shard.read_rows(tf.gather(rows_t, order)))
         else:
-            keys, values = _concat_export(shard)
-        tensors = [keys, values]
-        for _, companion in sorted(variable.companions().items()):
-            rows, _ = companion.shards[index].lookup(keys)
-            tensors.append(rows)
-    return tensors
+            keys_t, values_t = _export_all(shard)
+            order, counts = group_by_bucket(np.asarray(keys_t), key_dtype)
+            values = np.take(np.asarray(values_t), order, axis=0)
+        keys = np.take(np.asarray(keys_t), order)
+        columns = {VALUE_COLUMN: values}
+        for column, companion in sorted(variable.companions().items()):
+            found, _ = companion.shards[index].lookup(tf.constant(keys))
+            # np.asarray shares a CPU tensor's buffer; Tensor.numpy() would copy every row
+            columns[column] = np.asarray(found)
+    return ShardRows(keys, columns, counts)
 
 
-def _concat_export(shard: Any) -> tuple[tf.Tensor, tf.Tensor]:
+def _export_all(shard: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    export_all = getattr(shard, "export_all", None)
+    if export_all is not None:
+        return export_all()
     batches = list(shard.export(1 << 22))
     if not batches:
         return tf.zeros([0], shard.key_dtype), tf.zeros([0, shard.dim], shard.value_dtype)
     return tf.concat([k for k, _ in batches], 0), tf.concat([v for _, v in batches], 0)
 
 
-def rows_from_tensors(
-    variable: Any, specs: dict[str, ColumnSpec], per_shard: Sequence[Sequence[Any]]
-) -> VariableRows:
-    """Package exported ``[keys, values, companions...]`` per shard as numpy rows."""
-    names = list(specs)
-    shards = []
-    for tensors in per_shard:
-        # np.asarray shares a CPU tensor's buffer; Tensor.numpy() would copy every row
-        arrays = [np.asarray(t) for t in tensors]
-        shards.append(ShardRows(arrays[0], dict(zip(names, arrays[1:], strict=True))))
+def export_rows(variable: Any) -> VariableRows:
+    """Read a variable's shards eagerly (a save's snapshot)."""
     return VariableRows(
         name=variable.name,
         key_dtype=variable.key_dtype.name,
         value_dtype=variable.value_dtype.name,
         dim=variable.dim,
-        columns=specs,
-        shards=shards,
+        columns=column_specs(variable),
+        shards=[export_shard(variable, i) for i in range(len(variable.shards))],
     )
-
-
-def export_rows(variable: Any) -> VariableRows:
-    """Read a variable's shards eagerly (the synchronous save)."""
-    per_shard = [export_shard_tensors(variable, i) for i in range(len(variable.shards))]
-    return rows_from_tensors(variable, column_specs(variable), per_shard)
 
 
 def check_compatible(variable: Any, entry: VariableEntry, where: str) -> None:

@@ -1,48 +1,26 @@
 """Shard files: rows grouped by key bucket on write; only the needed buckets on read.
 
-Rows of a shard are ordered by ``bucket = floormod(hash(key), num_buckets)`` (``hash`` is the
-key itself for integers and TF's fast string fingerprint for strings, the hash of
-``default_partition_fn``), and each bucket is written as its own part(s). ``num_buckets``
-is a highly composite number, so for the usual process counts ``M`` (dividing it) rank
-``r`` of ``M`` needs exactly the buckets ``b`` with ``b mod M == r``.
+Each bucket (see :mod:`de_store.saver.buckets`) is written as its own part(s), and the
+manifest records the bucket of every part.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
-import tensorflow as tf
 
 from de_store.backends.base import Backend
 from de_store.formats import get_format
 from de_store.formats.base import ExtraColumn, SchemaInfo, ShardInfo
 from de_store.formats.batches import batch_from_numpy, batch_to_numpy
+from de_store.saver.buckets import choose_num_buckets, group_by_bucket, key_hash_mod
 from de_store.saver.manifest import ShardRecord, VariableEntry
 from de_store.saver.rows import VALUE_COLUMN, ShardRows, VariableRows
-
-#: Candidate bucket counts, largest first; each divides the next larger one.
-_BUCKET_COUNTS = (5040, 2520, 840, 360, 120, 60, 12, 6, 2, 1)
-#: Fewest rows a bucket should hold on average before a larger count is chosen.
-MIN_ROWS_PER_BUCKET = 2048
-
-
-def choose_num_buckets(rows: int) -> int:
-    """The largest candidate count that leaves buckets of MIN_ROWS_PER_BUCKET rows or more."""
-    for count in _BUCKET_COUNTS:
-        if rows >= count * MIN_ROWS_PER_BUCKET:
-            return count
-    return 1
-
-
-def key_hash_mod(keys: np.ndarray, modulus: int, key_dtype: str) -> np.ndarray:
-    """``floormod(hash(key), modulus)`` as int64, the same hash as ``default_partition_fn``."""
-    if key_dtype == "string":
-        return tf.strings.to_hash_bucket_fast(keys, modulus).numpy()
-    return np.mod(keys.astype(np.int64, copy=False), modulus)
 
 
 def schema_info(rows: VariableRows, shard_id: int) -> SchemaInfo:
@@ -62,32 +40,33 @@ def schema_info(rows: VariableRows, shard_id: int) -> SchemaInfo:
 
 
 def _bucketed_batches(
-    shard: ShardRows,
-    buckets: np.ndarray,
-    num_buckets: int,
-    schema: pa.Schema,
-    buffer_size: int,
-    out: list[int],
+    shard: ShardRows, key_dtype: str, schema: pa.Schema, buffer_size: int, out: list[int]
 ) -> Iterator[pa.RecordBatch]:
-    """Batches of one bucket each, at most ``buffer_size`` rows; ``out`` gets their buckets."""
-    order, counts = bucket_order(buckets, num_buckets)
+    """Batches of one bucket each, at most ``buffer_size`` rows; ``out`` gets their buckets.
+
+    Rows an export already grouped (``shard.bucket_counts``) are sliced without a copy;
+    others are gathered into bucket order here, one part at a time.
+    """
+    if shard.bucket_counts is not None:
+        order, counts = None, shard.bucket_counts
+    else:
+        order, counts = group_by_bucket(shard.keys, key_dtype)
     ends = np.cumsum(counts)
     for bucket in np.flatnonzero(counts):
         bucket_end = int(ends[bucket])
         for start in range(bucket_end - int(counts[bucket]), bucket_end, buffer_size):
-            index = order[start : min(start + buffer_size, bucket_end)]
-            # np.take gathers rows about twice as fast as fancy indexing
-            columns = {n: np.take(c, index, axis=0) for n, c in shard.columns.items()}
+            stop = min(start + buffer_size, bucket_end)
+            if order is None:
+                keys = shard.keys[start:stop]
+                columns = {n: c[start:stop] for n, c in shard.columns.items()}
+            else:  # np.take gathers rows about twice as fast as fancy indexing
+                keys = np.take(shard.keys, order[start:stop])
+                columns = {
+                    n: np.take(c, order[start:stop], axis=0) for n, c in shard.columns.items()
+                }
             values = columns.pop(VALUE_COLUMN)
             out.append(int(bucket))
-            yield batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
-
-
-def bucket_order(buckets: np.ndarray, num_buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """The row order that groups rows by bucket (stable), and the rows of each bucket."""
-    # numpy radix-sorts 16-bit integers (kind="stable"): ~10x faster than sorting int64
-    small = buckets.astype(np.int16 if num_buckets <= 1 << 15 else np.int32)
-    return np.argsort(small, kind="stable"), np.bincount(small, minlength=num_buckets)
+            yield batch_from_numpy(keys, values, columns, schema=schema)
 
 
 def _string_keys(keys: np.ndarray) -> np.ndarray:
@@ -109,17 +88,15 @@ def write_shard(
     """Write one table shard as one file of bucket-ordered parts; return its record."""
     shard = rows.shards[shard_index]
     if rows.key_dtype == "string":
-        shard = ShardRows(_string_keys(shard.keys), shard.columns)
+        shard = dataclasses.replace(shard, keys=_string_keys(shard.keys))
     fmt = get_format(format_name)
     info = schema_info(rows, global_shard)
-    num_buckets = choose_num_buckets(shard.rows)
-    buckets = key_hash_mod(shard.keys, num_buckets, rows.key_dtype)
     # a per-save unique suffix: a rewrite never overwrites a committed generation's files
     name = f"r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}{fmt.suffix}"
     path = f"{_variable_dir(rows.name)}/{name}"
     part_buckets: list[int] = []
     batches = _bucketed_batches(
-        shard, buckets, num_buckets, info.arrow_schema(), buffer_size, part_buckets
+        shard, rows.key_dtype, info.arrow_schema(), buffer_size, part_buckets
     )
     shard_info = fmt.write(backend, path, batches, schema_info=info, buffer_size=buffer_size)
     if len(part_buckets) != len(shard_info.parts):
@@ -128,7 +105,9 @@ def write_shard(
         rank=rank,
         shard=global_shard,
         info=shard_info.to_dict(),
-        num_buckets=num_buckets,
+        num_buckets=len(shard.bucket_counts)
+        if shard.bucket_counts is not None
+        else choose_num_buckets(shard.rows),
         part_buckets=part_buckets,
     )
 
