@@ -60,15 +60,21 @@ def column_specs(variable: Any) -> dict[str, ColumnSpec]:
     return specs
 
 
-def export_shard(variable: Any, index: int) -> ShardRows:
-    """Read shard ``index``: keys grouped by bucket, their values and companion rows.
+def export_shard(variable: Any, index: int, grouped: bool = True) -> ShardRows:
+    """Read shard ``index``: keys (grouped by bucket if ``grouped``), values, companion rows.
 
-    A core that exposes its index (``HashTable.export_index``) is read with one gather of
-    the values straight into bucket order; others are exported, then reordered.
+    Grouped, a core that exposes its index (``HashTable.export_index``) is read with one
+    gather of the values straight into bucket order. Ungrouped is the quickest snapshot
+    (the async save's): the writer groups the rows later, in the background.
     """
     shard = variable.shards[index]
     key_dtype = variable.key_dtype.name
     with tf.device(variable.devices[index]):
+        if not grouped:
+            keys_t, values_t = _export_all(shard)
+            keys, columns = np.asarray(keys_t), {VALUE_COLUMN: np.asarray(values_t)}
+            _add_companions(variable, index, keys, columns)
+            return ShardRows(keys, columns)
         if hasattr(shard, "export_index"):
             keys_t, rows_t = shard.export_index()
             order, counts = group_by_bucket(np.asarray(keys_t), key_dtype)
@@ -79,11 +85,15 @@ def export_shard(variable: Any, index: int) -> ShardRows:
             values = np.take(np.asarray(values_t), order, axis=0)
         keys = np.take(np.asarray(keys_t), order)
         columns = {VALUE_COLUMN: values}
-        for column, companion in sorted(variable.companions().items()):
-            found, _ = companion.shards[index].lookup(tf.constant(keys))
-            # np.asarray shares a CPU tensor's buffer; Tensor.numpy() would copy every row
-            columns[column] = np.asarray(found)
+        _add_companions(variable, index, keys, columns)
     return ShardRows(keys, columns, counts)
+
+
+def _add_companions(variable: Any, index: int, keys: np.ndarray, columns: dict) -> None:
+    for column, companion in sorted(variable.companions().items()):
+        found, _ = companion.shards[index].lookup(tf.constant(keys))
+        # np.asarray shares a CPU tensor's buffer; Tensor.numpy() would copy every row
+        columns[column] = np.asarray(found)
 
 
 def _export_all(shard: Any) -> tuple[tf.Tensor, tf.Tensor]:
@@ -96,15 +106,15 @@ def _export_all(shard: Any) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.concat([k for k, _ in batches], 0), tf.concat([v for _, v in batches], 0)
 
 
-def export_rows(variable: Any) -> VariableRows:
-    """Read a variable's shards eagerly (a save's snapshot)."""
+def export_rows(variable: Any, grouped: bool = True) -> VariableRows:
+    """Read a variable's shards eagerly (a save's snapshot); see :func:`export_shard`."""
     return VariableRows(
         name=variable.name,
         key_dtype=variable.key_dtype.name,
         value_dtype=variable.value_dtype.name,
         dim=variable.dim,
         columns=column_specs(variable),
-        shards=[export_shard(variable, i) for i in range(len(variable.shards))],
+        shards=[export_shard(variable, i, grouped) for i in range(len(variable.shards))],
     )
 
 
