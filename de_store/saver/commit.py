@@ -3,14 +3,17 @@
 The strategy follows from the backend's declared capabilities:
 
 - :class:`RenameCommit` (``supports_atomic_rename``, POSIX disks): ranks write into
-  ``NAME.pending/``; rank 0 adds the merged manifest and the commit record there and
-  renames the folder to ``NAME`` in one atomic step.
+  ``NAME.pending/<job token>/``, where rank 0 took a write-once ``LOCK``; rank 0 adds the
+  merged manifest and the commit record there and renames the folder to ``NAME`` in one
+  atomic step, unless another save committed ``NAME`` after this one began.
 - :class:`MarkerCommit` (object stores): ranks write under the final ``NAME/`` folder;
-  rank 0 writes the manifest, then creates ``NAME/COMMIT-<generation>`` write-once.
+  rank 0 claims the next generation by creating ``manifest-<generation>.json`` write-once,
+  then creates ``NAME/COMMIT-<generation>`` write-once.
 
 Either way a checkpoint is committed if and only if a ``COMMIT-<generation>`` record exists
 in its folder, and readers never look at anything else first. The record holds the size and
-crc32c of ``manifest-<generation>.json``.
+crc32c of ``manifest-<generation>.json`` and a crc32c of its own fields. See the commit
+protocol in docs/format.md.
 """
 
 from __future__ import annotations
@@ -114,15 +117,14 @@ class CommitStrategy(abc.ABC):
         return f"{self.backend.url.rstrip('/')}/{self.name}"
 
     def _record(self, generation: int, data: bytes) -> bytes:
-        return json.dumps(
-            {
-                "generation": generation,
-                "manifest_crc32c": google_crc32c.value(data),
-                "manifest_bytes": len(data),
-                "committed": time.time(),
-                "save_id": self.save_id,
-            }
-        ).encode()
+        fields = {
+            "generation": generation,
+            "manifest_crc32c": google_crc32c.value(data),
+            "manifest_bytes": len(data),
+            "committed": time.time(),
+            "save_id": self.save_id,
+        }
+        return json.dumps({**fields, "record_crc32c": _record_crc(fields)}).encode()
 
     def _lost(self, detail: str) -> AlreadyExistsError:
         return AlreadyExistsError(
@@ -142,6 +144,7 @@ class RenameCommit(CommitStrategy):
     """
 
     _base: bytes | None = None
+    _began = False
 
     @property
     def staging(self) -> str:
@@ -162,8 +165,11 @@ class RenameCommit(CommitStrategy):
                 "another save in progress (or an interrupted one: `de-store gc` removes it)"
             ) from err
         self._base = self.retry.call(self.committed_state)
+        self._began = True
 
     def commit(self, manifest: Manifest) -> None:
+        if not self._began:  # a caller that stages on its own (conversion): no lock taken
+            self._base = self.retry.call(self.committed_state)
         data = to_json(manifest)
         staging = self.backend.sub(self.staging)
         self.retry.call(lambda: staging.write_bytes(manifest_name(1), data))
@@ -184,6 +190,8 @@ class RenameCommit(CommitStrategy):
         self._remove_empty_pending()
 
     def _check_lock(self) -> None:
+        if not self._began:
+            return
         lock = self.backend.join(self.staging, LOCK_NAME)
         if self.retry.call(lambda: self.backend.read_bytes(lock)) != self.save_id.encode():
             raise self._lost(f"{lock} was taken over by another save")
@@ -233,6 +241,7 @@ class MarkerCommit(CommitStrategy):
     """
 
     _generation = 0
+    _began = False
 
     @property
     def staging(self) -> str:
@@ -244,8 +253,11 @@ class MarkerCommit(CommitStrategy):
 
     def begin(self) -> None:
         self._generation = self.retry.call(lambda: claimed_generation(self.backend, self.name))
+        self._began = True
 
     def commit(self, manifest: Manifest) -> None:
+        if not self._began:  # a caller that stages on its own (conversion)
+            self.begin()
         generation = self._generation + 1
         data = to_json(manifest)
         path = self.backend.join(self.name, manifest_name(generation))
@@ -268,6 +280,28 @@ def commit_strategy(
 
 
 # --- reading committed checkpoints ------------------------------------------------------
+#: The fields of a commit record written before records carried their own checksum.
+_LEGACY_RECORD_FIELDS = {"generation", "manifest_crc32c", "manifest_bytes", "committed"}
+
+
+def _record_crc(fields: dict[str, object]) -> int:
+    return int(google_crc32c.value(json.dumps(fields, sort_keys=True).encode()))
+
+
+def parse_commit_record(data: bytes) -> dict[str, object]:
+    """A commit record's fields, checked against its own ``record_crc32c``.
+
+    Raises ``ValueError`` when it is not valid JSON or was altered since written.
+    """
+    record = json.loads(data)
+    if set(record) == _LEGACY_RECORD_FIELDS:
+        return dict(record)
+    fields = {k: v for k, v in record.items() if k != "record_crc32c"}
+    if record.get("record_crc32c") != _record_crc(fields):
+        raise ValueError("record_crc32c does not match the record's content")
+    return fields
+
+
 def commit_record(backend: Backend, folder: str) -> bytes | None:
     """The content of ``folder``'s latest ``COMMIT-*`` record, or None if uncommitted."""
     generation = latest_generation(backend, folder)
@@ -350,16 +384,26 @@ def read_manifest(backend: Backend, name: str) -> tuple[str, Manifest]:
             f"no committed checkpoint at {where}: expected a {COMMIT_PREFIX}* marker there"
         )
     generation = latest_generation(backend, folder)
-    record = json.loads(backend.read_bytes(backend.join(folder, commit_name(generation))))
+    marker = backend.join(folder, commit_name(generation))
+    try:
+        record = parse_commit_record(backend.read_bytes(marker))
+        expected = (int(record["manifest_bytes"]), int(record["manifest_crc32c"]))  # type: ignore[call-overload]
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{where}: commit record {marker} vanished while read") from err
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"{backend.url.rstrip('/')}/{marker}: commit record is not valid ({err})"
+        ) from err
     path = backend.join(folder, manifest_name(generation))
     try:
         data = backend.read_bytes(path)
     except FileNotFoundError as err:
         raise CheckpointError(f"{where}: committed but {path} is missing") from err
     crc = google_crc32c.value(data)
-    if len(data) != record["manifest_bytes"] or crc != record["manifest_crc32c"]:
+    if (len(data), crc) != expected:
         raise CheckpointError(
-            f"{backend.url.rstrip('/')}/{path}: expected {record['manifest_bytes']} bytes "
-            f"with crc32c {record['manifest_crc32c']}, found {len(data)} bytes with crc32c {crc}"
+            f"{backend.url.rstrip('/')}/{path}: expected {expected[0]} bytes "
+            f"with crc32c {expected[1]} (as recorded in {marker}), found "
+            f"{len(data)} bytes with crc32c {crc}"
         )
     return folder, manifest_from_json(data, where)
