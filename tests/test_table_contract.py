@@ -147,19 +147,3 @@ def test_tables_of_one_config_share_kernels_not_contents():
         _, exists = third.lookup(tf.constant([99, 1], tf.int64))
     assert exists.numpy().tolist() == [True, False]
     assert int(third.size()) == 41 and int(second.size()) == 0
-
-
-def test_export_index_then_read_rows_in_any_order_equals_export_all():
-    table = HashTable(tf.int64, tf.float16, 3, name="indexed")
-    keys = np.arange(-50, 250, dtype=np.int64)
-    table.insert(keys, np.arange(900, dtype=np.float16).reshape(300, 3))
-    table.remove(keys[::7])
-    exported_keys, rows = table.export_index()
-    order = np.argsort(-exported_keys.numpy())
-    values = table.read_rows(tf.gather(rows, order))
-    all_keys, all_values = table.export_all()
-    expected = dict(zip(all_keys.numpy().tolist(), all_values.numpy().tolist(), strict=True))
-    got_keys = exported_keys.numpy()[order].tolist()
-    assert values.dtype == tf.float16
-    assert dict(zip(got_keys, values.numpy().tolist(), strict=True)) == expected
-    assert len(got_keys) == 300 - len(keys[::7])

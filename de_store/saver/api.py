@@ -93,7 +93,7 @@ def save(
         JSON-serialisable values stored in the manifest.
     """
     saver = _saver_for(saver, saver_options)
-    rows = [export_rows(v, grouped=False) for v in variables]  # grouped by the writer
+    rows = [export_rows(v) for v in variables]
     backend, name = core.open_location(url, saver.storage_options)
 
     def write() -> str:

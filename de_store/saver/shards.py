@@ -44,29 +44,20 @@ def _bucketed_batches(
 ) -> Iterator[pa.RecordBatch]:
     """Batches of one bucket each, at most ``buffer_size`` rows; ``out`` gets their buckets.
 
-    Rows an export already grouped (``shard.bucket_counts``) are sliced without a copy;
-    others are gathered into bucket order here, one part at a time.
+    Rows are gathered into bucket order one part at a time, so the shard is never copied
+    whole.
     """
-    if shard.bucket_counts is not None:
-        order, counts = None, shard.bucket_counts
-    else:
-        order, counts = group_by_bucket(shard.keys, key_dtype)
+    order, counts = group_by_bucket(shard.keys, key_dtype)
     ends = np.cumsum(counts)
     for bucket in np.flatnonzero(counts):
         bucket_end = int(ends[bucket])
         for start in range(bucket_end - int(counts[bucket]), bucket_end, buffer_size):
-            stop = min(start + buffer_size, bucket_end)
-            if order is None:
-                keys = shard.keys[start:stop]
-                columns = {n: c[start:stop] for n, c in shard.columns.items()}
-            else:  # np.take gathers rows about twice as fast as fancy indexing
-                keys = np.take(shard.keys, order[start:stop])
-                columns = {
-                    n: np.take(c, order[start:stop], axis=0) for n, c in shard.columns.items()
-                }
+            index = order[start : min(start + buffer_size, bucket_end)]
+            # np.take gathers rows about twice as fast as fancy indexing
+            columns = {n: np.take(c, index, axis=0) for n, c in shard.columns.items()}
             values = columns.pop(VALUE_COLUMN)
             out.append(int(bucket))
-            yield batch_from_numpy(keys, values, columns, schema=schema)
+            yield batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
 
 
 def _string_keys(keys: np.ndarray) -> np.ndarray:
@@ -105,9 +96,7 @@ def write_shard(
         rank=rank,
         shard=global_shard,
         info=shard_info.to_dict(),
-        num_buckets=len(shard.bucket_counts)
-        if shard.bucket_counts is not None
-        else choose_num_buckets(shard.rows),
+        num_buckets=choose_num_buckets(shard.rows),
         part_buckets=part_buckets,
     )
 

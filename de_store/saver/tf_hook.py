@@ -44,12 +44,12 @@ class VariableSnapshot(trackable_base.Trackable):
     def capture(self) -> None:
         """Read the tables now; inside a ``tf.function`` this runs at every call."""
         if tf.executing_eagerly():
-            self.rows = export_rows(self.variable, grouped=False)
+            self.rows = export_rows(self.variable)
             return
         tf.py_function(self._capture_eagerly, [], Tout=[])
 
     def _capture_eagerly(self) -> list[Any]:
-        self.rows = export_rows(self.variable, grouped=False)
+        self.rows = export_rows(self.variable)
         return []
 
 

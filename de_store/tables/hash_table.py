@@ -167,25 +167,6 @@ class HashTable(TableCore):
         values = tf.cast(values, self.value_dtype) if values.dtype != self.value_dtype else values
         return keys, values
 
-    def export_index(self) -> tuple[tf.Tensor, tf.Tensor]:
-        """``(keys [n], rows [n])`` of every key; :meth:`read_rows` gives their values.
-
-        :meth:`export_all` in two steps, so that a caller can put the rows in the order it
-        needs (the saver groups them by key bucket) within the one gather of the values.
-        Both calls see the same table only if nothing changes it in between.
-        """
-        with tf.device(self._device):
-            entries = self.index.read_value()
-            live = tf.gather(entries, tf.where(entries[:, 1] >= 0)[:, 0])
-        keys = live[:, 0]
-        return (tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys), live[:, 1]
-
-    def read_rows(self, rows: tf.Tensor) -> tf.Tensor:
-        """The value rows at ``rows`` (positions from :meth:`export_index`), ``[n, dim]``."""
-        with tf.device(self._device):
-            values = tf.gather(self.values, rows)
-        return tf.cast(values, self.value_dtype) if values.dtype != self.value_dtype else values
-
     def export(self, batch_size: int) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
         """Yield snapshot batches of at most ``batch_size`` rows (eager only)."""
         return _checks.snapshot_batches(self.table_name, self.export_all(), batch_size)
