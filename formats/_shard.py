@@ -132,18 +132,48 @@ class PartReader:
         self._turn = 0
         self._cond = threading.Condition()
 
-    def read(self, turn: int, r: ByteRange, what: str) -> bytes:
-        """Bytes ``r`` once fetches ``0 .. turn - 1`` are done, checked against ``r.crc32c``."""
+    def fetch(self, turn: int, r: ByteRange) -> bytes:
+        """Bytes ``r`` once fetches ``0 .. turn - 1`` are done (unchecked).
+
+        The turn passes on even when the read fails, so later parts never wait forever.
+        """
         with self._cond:
             self._cond.wait_for(lambda: self._turn == turn)
             try:
                 self._f.seek(r.offset)
-                data = read_exact(self._f, r.length, self._where)
+                return read_exact(self._f, r.length, self._where)
             finally:
                 self._turn += 1
                 self._cond.notify_all()
+
+    def read(self, turn: int, r: ByteRange, what: str) -> bytes:
+        """:meth:`fetch`, then check the bytes against ``r.crc32c``."""
+        data = self.fetch(turn, r)
         check_crc(self._where, what, r.crc32c, data)
         return data
+
+
+def read_together(
+    readers: Sequence[PartReader], turn: int, ranges: Sequence[ByteRange], what: str
+) -> list[bytes]:
+    """One part's bytes from each of its files, each checked against its crc32c.
+
+    Every reader's turn is taken before any check or error, so threads reading later parts
+    of the other files never wait for a turn that would not come.
+    """
+    fetched: list[bytes] = []
+    failure: BaseException | None = None
+    for reader, r in zip(readers, ranges, strict=True):
+        try:
+            fetched.append(reader.fetch(turn, r))
+        except BaseException as err:
+            failure = failure or err
+            fetched.append(b"")
+    if failure is not None:
+        raise failure
+    for reader, r, data in zip(readers, ranges, fetched, strict=True):
+        check_crc(reader._where, what, r.crc32c, data)
+    return fetched
 
 
 def map_ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = READ_AHEAD) -> Iterator[R]:

@@ -23,6 +23,7 @@ from ._shard import (
     check_expected,
     location,
     map_ahead,
+    read_together,
     rebatch,
     shard_info,
     wanted_parts,
@@ -136,8 +137,9 @@ def _read_verified(
         def read(job: tuple[int, int]) -> pa.RecordBatch:
             turn, i = job
             keys_range, values_range = expected.parts[i].ranges
-            keys = keys_reader.read(turn, keys_range, f"part {i}")
-            values = values_reader.read(turn, values_range, f"part {i}")
+            keys, values = read_together(
+                (keys_reader, values_reader), turn, (keys_range, values_range), f"part {i}"
+            )
             return decode_pair(keys, values, schema)
 
         yield from map_ahead(read, enumerate(indices))
