@@ -61,18 +61,22 @@ class CheckpointSummary:
 
 
 def _marker_folder(path: str) -> str | None:
-    """The checkpoint folder that a file ``path`` marks as one, if it does."""
+    """The checkpoint folder that a file ``path`` marks as one, if it does.
+
+    Anything inside a staging folder ``NAME.pending`` belongs to that (uncommitted) folder,
+    even a commit record written just before a rename that never happened.
+    """
+    parts = path.split("/")
+    for index, part in enumerate(parts[:-1]):
+        if part.endswith(PENDING_SUFFIX):
+            return "/".join(parts[: index + 1])
     head, base = posixpath.split(path)
     if base.startswith(COMMIT_PREFIX) or (
         base.startswith(MANIFEST_PREFIX) and base.endswith(".json")
     ):
         return head
-    parts = path.split("/")
     if RANKS_DIR in parts[:-1]:
         return "/".join(parts[: parts.index(RANKS_DIR)])
-    for index, part in enumerate(parts[:-1]):
-        if part.endswith(PENDING_SUFFIX):
-            return "/".join(parts[: index + 1])
     return None
 
 
