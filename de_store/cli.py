@@ -144,6 +144,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             ids=args.ids,
             save_shards=args.save_shards,
             restore_shards=args.restore_shards,
+            progress=not args.quiet,
         )
         else EXIT_FAILED
     )

@@ -58,6 +58,7 @@ def run(
     save_shards: int = 2,
     restore_shards: int = 3,
     say: Callable[[str], None] = print,
+    progress: bool = False,
 ) -> bool:
     """Run the demo into ``directory`` (any URL); True when every restored key is equal."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the demo's output, not TF's logs
@@ -72,7 +73,9 @@ def run(
     directory = str(Path(directory).absolute()) if local else directory.rstrip("/")
     # TF's bundle needs a TF filesystem: beside the KV data when local, else a local folder
     tf_dir = directory if local else str(Path("de_store_demo_tf").absolute())
-    saver = ds.FileSystemSaver(save_path=None if local else f"{directory}/de_store")
+    saver = ds.FileSystemSaver(
+        save_path=None if local else f"{directory}/de_store", progress=progress
+    )
     weights = ds.get_variable(
         VARIABLE,
         dim=1,
@@ -88,7 +91,7 @@ def run(
 
     prefix, kv_url = _save_async(tf, weights, saver, tf_dir, steps, say)
     _print_inspect_help(kv_url, say)
-    return _restore_and_check(tf, ds, weights, prefix, cpus[:restore_shards], say)
+    return _restore_and_check(tf, ds, weights, prefix, cpus[:restore_shards], say, progress)
 
 
 def _save_async(
@@ -132,13 +135,19 @@ def _print_inspect_help(kv_url: str, say: Callable[[str], None]) -> None:
 
 
 def _restore_and_check(
-    tf: Any, ds: Any, weights: Any, prefix: str, devices: list[str], say: Callable[[str], None]
+    tf: Any,
+    ds: Any,
+    weights: Any,
+    prefix: str,
+    devices: list[str],
+    say: Callable[[str], None],
+    progress: bool = False,
 ) -> bool:
     restored = ds.Variable(
         VARIABLE,
         dim=1,
         devices=devices,
-        kv_creator=ds.HashTableCreator(saver=ds.FileSystemSaver()),
+        kv_creator=ds.HashTableCreator(saver=ds.FileSystemSaver(progress=progress)),
     )
     start = time.perf_counter()
     status = tf.train.Checkpoint(weights=restored).read(prefix)

@@ -20,6 +20,7 @@ from typing import Any
 from de_store.backends import Backend, open_backend
 from de_store.errors import BarrierTimeoutError, CheckpointError
 from de_store.formats import FORMATS
+from de_store.progress import Progress, progress_for
 from de_store.saver import shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
 from de_store.saver.commit import (
@@ -63,12 +64,14 @@ class IOOptions:
     barrier_timeout_s: how long ranks wait for each other before failing.
     retry: how failed storage steps (one shard file, a manifest, the commit, one read)
         are retried; ``RetryPolicy(attempts=1)`` disables retries.
+    progress: draw progress bars (rows saved / restored) on stderr when it is a terminal.
     """
 
     format: str = "parquet"
     buffer_size: int = 65536
     barrier_timeout_s: float = 600.0
     retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
+    progress: bool = False
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -148,6 +151,8 @@ def write_rank(
     manifest at ``manifest_path``. Shard paths are relative to the checkpoint folder, so a
     rename keeps them. Each shard file is one retried step (a new file name per attempt)."""
     entries = {}
+    total = sum(shard.rows for rows in variables for shard in rows.shards)
+    bar = progress_for(total, "save", quiet=not options.progress, unit="rows")
     for rows in variables:
         write = functools.partial(
             shards.write_shard,
@@ -157,15 +162,13 @@ def write_rank(
             format_name=options.format,
             buffer_size=options.buffer_size,
         )
-        records = [
-            options.retry.call(
-                functools.partial(
-                    write, index, global_shard=topology.proc_rank * len(rows.shards) + index
-                )
-            )
-            for index in range(len(rows.shards))
-        ]
+        records = []
+        for index in range(len(rows.shards)):
+            shard = topology.proc_rank * len(rows.shards) + index
+            records.append(options.retry.call(functools.partial(write, index, global_shard=shard)))
+            bar.update(rows.shards[index].rows)
         entries[rows.name] = shards.entry_for(rows, records, options.format)
+    bar.close()
     manifest = RankManifest(topology.proc_rank, topology.proc_size, entries)
     data = to_json(manifest)
     options.retry.call(lambda: backend.write_bytes(manifest_path, data))
@@ -244,19 +247,26 @@ def restore_checkpoint(
     entries = [manifest.variable(v.name, where) for v in variables]
     for variable, entry in zip(variables, entries, strict=True):
         check_compatible(variable, entry, where)
-    loaded = [_read_entry(backend.sub(folder), e, topology, options) for e in entries]
+    total = sum(record.rows for entry in entries for record in entry.shards)
+    with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
+        loaded = [_read_entry(backend.sub(folder), e, topology, options, bar) for e in entries]
     for variable, entry, rows in zip(variables, entries, loaded, strict=True):
         apply_rows(variable, entry.columns, rows)
     return manifest
 
 
 def _read_entry(
-    folder: Backend, entry: VariableEntry, topology: Topology, options: IOOptions
+    folder: Backend,
+    entry: VariableEntry,
+    topology: Topology,
+    options: IOOptions,
+    bar: Progress,
 ) -> list[ShardRows]:
     out = []
     for record in entry.shards:
         parts = shards.parts_for_rank(record, topology.proc_rank, topology.proc_size)
         if not parts:
+            bar.update(record.rows)
             continue
         read = functools.partial(_read_parts, folder, record, parts, options)
         for rows in options.retry.call(read):
@@ -265,6 +275,7 @@ def _read_entry(
                     rows, entry.key_dtype, topology.proc_rank, topology.proc_size
                 )
             )
+        bar.update(record.rows)  # shards done, of all the checkpoint's
     return out
 
 

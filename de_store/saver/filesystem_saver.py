@@ -49,6 +49,8 @@ class FileSystemSaver:
     retry:
         How failed storage steps are retried (default ``RetryPolicy()``: 4 tries with
         exponential backoff); ``RetryPolicy(attempts=1)`` disables retries.
+    progress:
+        Draw progress bars of the rows saved and restored on stderr, when it is a terminal.
     job_id:
         Names the job for a multi-process save, the same on every rank: the ranks of one
         job stage in their own folder, apart from another job saving the same checkpoint.
@@ -68,8 +70,11 @@ class FileSystemSaver:
         barrier_timeout_s: float = 600.0,
         retry: RetryPolicy | None = None,
         job_id: str | None = None,
+        progress: bool = False,
     ) -> None:
-        self.options = IOOptions(format, buffer_size, barrier_timeout_s, retry or RetryPolicy())
+        self.options = IOOptions(
+            format, buffer_size, barrier_timeout_s, retry or RetryPolicy(), progress
+        )
         if job_id is not None and (not isinstance(job_id, str) or not job_id):
             raise ValueError(f"job_id must be a non-empty string, got {job_id!r}")
         self.topology: Topology = detect_topology(proc_size, proc_rank)

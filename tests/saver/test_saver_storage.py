@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -98,3 +101,25 @@ def test_restore_of_unknown_variable_names_what_is_there(tmp_path) -> None:
     ds.save([var], str(tmp_path / "ck"), blocking=True)
     with pytest.raises(ds.errors.CheckpointError, match="has no variable 'other'; it holds: emb"):
         ds.restore([make_variable("other", None)], str(tmp_path / "ck"))
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bars_on_a_terminal_only(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    var = make_variable("emb", None)
+    fill(var, 3000)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    ds.save([var], str(tmp_path / "ck"), blocking=True, progress=True)
+    ds.restore([var], str(tmp_path / "ck"), progress=True)
+    drawn = terminal.getvalue()
+    assert "save [####" in drawn and "3,000 / 3,000" in drawn
+    assert "restore [####" in drawn
+    quiet = _Terminal()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    ds.save([var], str(tmp_path / "ck2"), blocking=True)  # progress is off by default
+    ds.restore([var], str(tmp_path / "ck2"))
+    assert quiet.getvalue() == ""
