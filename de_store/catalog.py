@@ -13,6 +13,8 @@ import posixpath
 import re
 from typing import Any
 
+import fsspec
+
 from de_store.backends import Backend, open_backend
 from de_store.saver.commit import (
     ABORT_NAME,
@@ -111,7 +113,7 @@ def summarize(backend: Backend, folder: str, files: list[str]) -> CheckpointSumm
         )
         return CheckpointSummary(
             folder,
-            "committed",
+            "orphaned" if _tf_checkpoint_gone(manifest) else "committed",
             _step_of(folder, manifest),
             float(record["committed"]),
             manifest.bytes,
@@ -126,6 +128,22 @@ def summarize(backend: Backend, folder: str, files: list[str]) -> CheckpointSumm
         sum(backend.size(p) for p in files),
         None,
     )
+
+
+def _tf_checkpoint_gone(manifest: Manifest) -> bool:
+    """Whether the TF checkpoint this KV checkpoint was saved for has been deleted.
+
+    ``CheckpointManager`` deletes TF checkpoints behind the saver's back; their KV data is
+    removed by the next save or ``de-store gc``, and until then is listed as orphaned.
+    """
+    prefix = manifest.metadata.get("tf_prefix")
+    if not isinstance(prefix, str) or not prefix:
+        return False
+    try:
+        fs, path = fsspec.core.url_to_fs(prefix + ".index")
+        return not fs.exists(path)
+    except Exception:
+        return False
 
 
 def list_checkpoints(

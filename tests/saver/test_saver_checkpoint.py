@@ -12,6 +12,7 @@ from saver_helpers import companion_content, content, fill, make_variable
 
 import de_store as ds
 from de_store.backends import open_backend
+from de_store.catalog import list_checkpoints
 from de_store.errors import CheckpointError, CheckpointNotFoundError, ChecksumError
 from de_store.saver import gc
 
@@ -85,6 +86,8 @@ def test_checkpoint_manager_removes_kv_data_of_deleted_checkpoints(tmp_path: Pat
     # TF deletes ckpt-3 after the 5th save's KV commit: its KV data goes with the next save
     # or with gc; every older one is gone already.
     assert kv_folders(tmp_path) == ["ckpt-3", "ckpt-4", "ckpt-5"]
+    listing = {s.path: s.status for s in list_checkpoints(str(tmp_path / "de_store"))}
+    assert listing == {"ckpt-3": "orphaned", "ckpt-4": "committed", "ckpt-5": "committed"}
     removed = gc.collect(open_backend(str(tmp_path / "de_store")))
     assert [g.folder for g in removed] == ["ckpt-3"]
     assert kv_folders(tmp_path) == ["ckpt-4", "ckpt-5"]
