@@ -147,3 +147,16 @@ def test_tables_of_one_config_share_kernels_not_contents():
         _, exists = third.lookup(tf.constant([99, 1], tf.int64))
     assert exists.numpy().tolist() == [True, False]
     assert int(third.size()) == 41 and int(second.size()) == 0
+
+
+def test_reserve_grows_once_for_a_bulk_load():
+    table = HashTable(tf.int64, tf.float32, 2, name="bulk")
+    table.insert(np.array([7], np.int64), np.ones([1, 2], np.float32))
+    table.reserve(5000)
+    capacity, store = table.capacity(), table.memory_bytes()
+    keys = np.arange(5000, dtype=np.int64)
+    table.insert(keys, np.stack([keys, -keys], axis=1).astype(np.float32))
+    assert (table.capacity(), table.memory_bytes()) == (capacity, store)  # no growth
+    values, exists = table.lookup(np.array([7, 4999, 5000], np.int64))
+    assert exists.numpy().tolist() == [True, True, False]
+    assert values.numpy().tolist() == [[7, -7], [4999, -4999], [0, 0]]

@@ -100,7 +100,7 @@ class Kernels:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        names = ("lookup", "insert", "accum_insert", "accum_existing", "remove", "clear")
+        names = ("lookup", "insert", "accum_insert", "accum_existing", "remove", "clear", "prepare")
         for name in (*names, "export_all"):
             setattr(self, name, self._function(name))
 
@@ -124,7 +124,14 @@ class Kernels:
         kernel.__name__ = name
         keys = tf.TensorSpec([None], tf.int64)
         rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
-        args = {"lookup": [keys], "remove": [keys], "clear": [], "export_all": []}
+        count = tf.TensorSpec([], tf.int64)
+        args = {
+            "lookup": [keys],
+            "remove": [keys],
+            "clear": [],
+            "export_all": [],
+            "prepare": [count],
+        }
         handles = tuple(tf.TensorSpec([], tf.resource) for _ in State._fields)
         signature = [handles, *args.get(name, [keys, rows])]
         return tf.function(kernel, autograph=False, input_signature=signature)
@@ -322,6 +329,11 @@ class TableOps:
         return _count(loop[0])
 
     # -- capacity ----------------------------------------------------------------------
+    def prepare(self, count: tf.Tensor) -> None:
+        """Grow the index and the row store once for ``count`` more keys (a bulk load)."""
+        self.reserve(count)
+        self._ensure_rows(self.t.next_row + tf.maximum(count - self.t.num_free, 0))
+
     def reserve(self, incoming: tf.Tensor) -> None:
         """Rehash into a bigger index first when ``incoming`` new keys could overflow it."""
         t = self.t

@@ -154,6 +154,12 @@ class HashTable(TableCore):
         """Number of keys held (int64 scalar)."""
         return tf.identity(self.num_keys)
 
+    def reserve(self, count: int) -> None:
+        """Grow once so that ``count`` more keys fit without growing again (bulk loads)."""
+        if count > 0:
+            with tf.device(self._device):
+                self._kernels.run("prepare", self._state, tf.constant(count, tf.int64))
+
     def clear(self) -> None:
         """Remove every key; the index returns to its initial capacity."""
         with tf.device(self._device):
