@@ -275,7 +275,7 @@ class Variable(tf.Module):
         keys, values = [], []
         for shard, device in zip(self._shards, self.devices, strict=True):
             with tf.device(device):
-                shard_keys, shard_values = _export_shard(shard)
+                shard_keys, shard_values = shard.export_all()
             keys.append(shard_keys)
             values.append(shard_values)
         return tf.concat(keys, axis=0), tf.concat(values, axis=0)
@@ -339,19 +339,6 @@ class Variable(tf.Module):
         from de_store.saver import tf_hook
 
         tf_hook.copy_to_cpu(self, object_map)
-
-
-def _export_shard(shard: TableCore) -> tuple[tf.Tensor, tf.Tensor]:
-    export_all = getattr(shard, "export_all", None)
-    if export_all is not None:
-        return export_all()
-    batches = list(shard.export(1 << 20))
-    if not batches:
-        return tf.zeros([0], shard.key_dtype), tf.zeros([0, shard.dim], shard.value_dtype)
-    return (
-        tf.concat([keys for keys, _ in batches], axis=0),
-        tf.concat([values for _, values in batches], axis=0),
-    )
 
 
 class _Initializer:

@@ -64,7 +64,7 @@ def export_shard(variable: Any, index: int) -> ShardRows:
     """
     shard = variable.shards[index]
     with tf.device(variable.devices[index]):
-        keys_t, values_t = _export_all(shard)
+        keys_t, values_t = shard.export_all()
         keys, columns = np.asarray(keys_t), {VALUE_COLUMN: np.asarray(values_t)}
         _add_companions(variable, index, keys, columns)
     return ShardRows(keys, columns)
@@ -75,16 +75,6 @@ def _add_companions(variable: Any, index: int, keys: np.ndarray, columns: dict) 
         found, _ = companion.shards[index].lookup(tf.constant(keys))
         # np.asarray shares a CPU tensor's buffer; Tensor.numpy() would copy every row
         columns[column] = np.asarray(found)
-
-
-def _export_all(shard: Any) -> tuple[tf.Tensor, tf.Tensor]:
-    export_all = getattr(shard, "export_all", None)
-    if export_all is not None:
-        return export_all()
-    batches = list(shard.export(1 << 22))
-    if not batches:
-        return tf.zeros([0], shard.key_dtype), tf.zeros([0, shard.dim], shard.value_dtype)
-    return tf.concat([k for k, _ in batches], 0), tf.concat([v for _, v in batches], 0)
 
 
 def export_rows(variable: Any) -> VariableRows:

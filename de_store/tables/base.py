@@ -69,6 +69,16 @@ class TableCore(tf.Module, abc.ABC):
         to the table while iterating do not show in them.
         """
 
+    def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(keys [n], values [n, dim])`` of the whole table: every :meth:`export` batch.
+
+        Cores that can read themselves in one go override this.
+        """
+        batches = list(self.export(1 << 22))
+        if not batches:
+            return tf.zeros([0], self.key_dtype), tf.zeros([0, self.dim], self.value_dtype)
+        return tf.concat([k for k, _ in batches], 0), tf.concat([v for _, v in batches], 0)
+
     def import_batches(self, batches: Iterable[tuple[tf.Tensor, tf.Tensor]]) -> None:
         """Upsert every ``(keys, values)`` batch, in order."""
         for keys, values in batches:
