@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import keras
@@ -10,21 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import de_store as ds
+from de_store import optimizers
 
-def _logical_cpus(count: int = 4) -> list[str]:
-    """Split the CPU into ``count`` logical devices, unless TF is already initialized."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    with contextlib.suppress(RuntimeError):  # an earlier module configured TF already
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * count
-        )
-    return [device.name for device in tf.config.list_logical_devices("CPU")]
-
-
-CPUS = _logical_cpus()
-
-import de_store as ds  # noqa: E402
-from de_store import optimizers  # noqa: E402
+CPUS = [d.name for d in tf.config.list_logical_devices("CPU")]  # 4, see conftest.py
 
 IDS = np.array([[3, 7], [3, -2], [7, 3]], np.int64)  # 3 appears three times, 7 twice
 

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import de_store as ds
+from de_store.errors import VariableError
+from de_store.tables import HashTable, MutableTable
 
-def _logical_cpus(count: int = 4) -> list[str]:
-    """Split the CPU into ``count`` logical devices, unless TF is already initialized."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    with contextlib.suppress(RuntimeError):  # an earlier module configured TF already
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * count
-        )
-    return [device.name for device in tf.config.list_logical_devices("CPU")]
-
-
-CPUS = _logical_cpus()
-needs_4_cpus = pytest.mark.skipif(len(CPUS) < 4, reason="needs 4 logical CPUs")
-
-import de_store as ds  # noqa: E402
-from de_store.errors import VariableError  # noqa: E402
-from de_store.tables import HashTable, MutableTable  # noqa: E402
+CPUS = [d.name for d in tf.config.list_logical_devices("CPU")]  # 4, see conftest.py
 
 
 def _sorted_export(var: ds.Variable) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +94,6 @@ def test_callable_initializer_draws_rows_for_missing_keys_only() -> None:
     assert values.shape == (3, 3) and not np.array_equal(values[1], values[2])
 
 
-@needs_4_cpus
 def test_int_keys_go_to_floormod_shard_and_round_trip() -> None:
     var = ds.get_variable("sharded", dim=2, devices=CPUS[:4])
     keys = np.array([-7, -1, 0, 1, 2, 3, 4, 5, 10, 11], np.int64)
@@ -125,7 +110,6 @@ def test_int_keys_go_to_floormod_shard_and_round_trip() -> None:
     assert int(var.size()) == 10
 
 
-@needs_4_cpus
 def test_partition_returns_shard_keys_with_their_positions() -> None:
     var = ds.get_variable("partition_helper", devices=CPUS[:3])
     parts = var.partition([5, -1, 3, 4])
@@ -133,7 +117,6 @@ def test_partition_returns_shard_keys_with_their_positions() -> None:
     assert [p[1].numpy().tolist() for p in parts] == [[2], [3], [0, 1]]
 
 
-@needs_4_cpus
 def test_operations_work_eagerly_and_in_tf_function_across_shards() -> None:
     var = ds.get_variable("ops", dim=1, devices=CPUS[:2], initializer=-1.0)
 
@@ -154,7 +137,6 @@ def test_operations_work_eagerly_and_in_tf_function_across_shards() -> None:
     assert int(var.size()) == 0
 
 
-@needs_4_cpus
 def test_string_keys_shard_by_hash_on_mutable_tables() -> None:
     var = ds.get_variable("strings", key_dtype=tf.string, dim=2, devices=CPUS[:3])
     assert all(isinstance(shard, MutableTable) for shard in var.shards)
@@ -176,7 +158,6 @@ class _RecordingCreator(ds.HashTableCreator):
         return super().create(key_dtype, value_dtype, dim, name=name, init_size=init_size)
 
 
-@needs_4_cpus
 def test_kv_creator_gets_init_size_split_and_carries_saver() -> None:
     creator = _RecordingCreator()
     var = ds.get_variable("creator", devices=CPUS[:4], init_size=1000, kv_creator=creator)
@@ -185,7 +166,6 @@ def test_kv_creator_gets_init_size_split_and_carries_saver() -> None:
     assert all(isinstance(shard, HashTable) for shard in var.shards)
 
 
-@needs_4_cpus
 def test_tf_checkpoint_restores_the_content_exactly() -> None:
     var = ds.get_variable("ckpt", dim=3, devices=CPUS[:2])
     keys = np.arange(-20, 20, dtype=np.int64)

@@ -143,15 +143,7 @@ class BackendConformance:
         assert backend.read_bytes("COMMITTED") == b"first"
 
     def test_concurrent_write_once_has_exactly_one_winner(self, backend: Backend) -> None:
-        def attempt(i: int) -> int | None:
-            try:
-                backend.write_once("COMMITTED", f"writer {i}".encode())
-            except AlreadyExistsError:
-                return None
-            return i
-
-        with ThreadPoolExecutor(8) as pool:
-            winners = [i for i in pool.map(attempt, range(8)) if i is not None]
+        winners = race_write_once(backend, "COMMITTED")
         assert len(winners) == 1
         assert backend.read_bytes("COMMITTED") == f"writer {winners[0]}".encode()
 
@@ -231,3 +223,17 @@ class BackendConformance:
     def test_capabilities_declared(self, backend: Backend) -> None:
         assert isinstance(backend.capabilities, Capabilities)
         assert backend.capabilities.supports_atomic_rename is self.atomic_rename
+
+
+def race_write_once(backend: Backend, path: str, writers: int = 8) -> list[int]:
+    """``writers`` threads ``write_once(path, b"writer <i>")`` at once; the i that succeeded."""
+
+    def attempt(i: int) -> int | None:
+        try:
+            backend.write_once(path, f"writer {i}".encode())
+        except AlreadyExistsError:
+            return None
+        return i
+
+    with ThreadPoolExecutor(writers) as pool:
+        return [i for i in pool.map(attempt, range(writers)) if i is not None]

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import pytest
-from conformance import BackendConformance
+from conformance import BackendConformance, race_write_once
 
 from de_store.backends import Backend
 from de_store.backends.gcs import GCSBackend
-from de_store.errors import AlreadyExistsError
 from de_store.testing import StorageLocation
 
 
@@ -26,16 +24,7 @@ class TestGCSBackend(BackendConformance):
         """Emulator quirk: it ignores ifGenerationMatch=0 (real GCS refuses the second
         creation), so racing writers can all pass the existence check here. What still
         holds: at least one wins, and the object is exactly one winner's content."""
-
-        def attempt(i: int) -> int | None:
-            try:
-                backend.write_once("COMMITTED", f"writer {i}".encode())
-            except AlreadyExistsError:
-                return None
-            return i
-
-        with ThreadPoolExecutor(8) as pool:
-            winners = [i for i in pool.map(attempt, range(8)) if i is not None]
+        winners = race_write_once(backend, "COMMITTED")
         assert winners
         assert backend.read_bytes("COMMITTED") in {f"writer {i}".encode() for i in winners}
 
