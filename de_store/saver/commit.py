@@ -362,11 +362,6 @@ def committed_folder(backend: Backend, name: str) -> str | None:
     return None
 
 
-def is_committed(backend: Backend, name: str) -> bool:
-    """Whether ``name`` holds a committed checkpoint."""
-    return committed_folder(backend, name) is not None
-
-
 def read_manifest(backend: Backend, name: str) -> tuple[str, Manifest]:
     """``(folder, manifest)`` of the committed checkpoint ``name``, checked against its commit.
 

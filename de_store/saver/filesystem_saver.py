@@ -7,7 +7,6 @@ save its tables through this saver whenever TensorFlow saves a checkpoint or Sav
 
 from __future__ import annotations
 
-import dataclasses
 import posixpath
 from typing import Any
 
@@ -100,13 +99,6 @@ class FileSystemSaver:
         head, base = posixpath.split(tf_prefix.rstrip("/"))
         root = self.save_path or posixpath.join(head, DEFAULT_KV_FOLDER)
         return f"{root}/{base}"
-
-    def with_options(self, **changes: Any) -> FileSystemSaver:
-        """A copy with some IO options changed (``format``, ``buffer_size``, ...)."""
-        copy = object.__new__(FileSystemSaver)
-        copy.__dict__.update(self.__dict__)
-        copy.options = dataclasses.replace(self.options, **changes)
-        return copy
 
     def __repr__(self) -> str:
         return (
