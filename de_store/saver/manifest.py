@@ -3,6 +3,11 @@
 Each rank writes a :class:`RankManifest` for the shards it wrote; after the barrier rank 0
 merges them into one :class:`Manifest` (as ``MergeV2Checkpoints`` merges TF's index files)
 and commits it. Readers trust only the merged manifest of a committed checkpoint.
+
+An incremental checkpoint (format version 2) names its ``parent``; its incremental entries
+hold only the rows changed since the parent and tombstone shards of the keys removed since
+(see :mod:`de_store.saver.chain`). A manifest without incremental entries is written as
+version 1, so readers that predate incremental checkpoints keep reading full ones.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from typing import Any
 
 from de_store.errors import CheckpointError
 
-FORMAT_VERSION = 1
+#: The newest manifest version this de_store reads and writes.
+FORMAT_VERSION = 2
+#: The version of manifests without incremental entries (what older readers understand).
+FULL_FORMAT_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,14 +74,24 @@ class VariableEntry:
     format: str
     shard_count: int
     shards: list[ShardRecord]
+    #: True: the rows apply on top of the same variable in the parent checkpoint's chain.
+    incremental: bool = False
+    #: Tombstone shards (incremental entries only): the keys removed since the parent,
+    #: bucketed like the rows, with a ``value`` column of dim 1 int64 (unused).
+    removed: list[ShardRecord] = dataclasses.field(default_factory=list)
 
     @property
     def rows(self) -> int:
         return sum(s.rows for s in self.shards)
 
     @property
+    def removed_rows(self) -> int:
+        return sum(s.rows for s in self.removed)
+
+    @property
     def bytes(self) -> int:
-        return sum(s.bytes for s in self.shards)
+        """Bytes of every shard file of the entry, tombstones included."""
+        return sum(s.bytes for s in self.shards) + sum(s.bytes for s in self.removed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +101,21 @@ class RankManifest:
     rank: int
     proc_size: int
     variables: dict[str, VariableEntry]
+    #: The parent checkpoint of this rank's incremental entries (see ``Manifest.parent``).
+    parent: str | None = None
+    parent_created: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """The merged manifest of a checkpoint."""
+    """The merged manifest of a checkpoint.
+
+    ``parent`` (incremental checkpoints): the checkpoint its incremental entries apply on,
+    its bare folder name when it is a sibling folder (the usual case), else its absolute
+    URL. ``parent_created`` is the parent manifest's ``created`` when this one was saved: a
+    parent rewritten since no longer matches, and restoring the chain fails instead of
+    mixing generations.
+    """
 
     format_version: int
     created: float
@@ -96,10 +124,16 @@ class Manifest:
     versions: dict[str, str]
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     parent: str | None = None
+    parent_created: float | None = None
 
     @property
     def bytes(self) -> int:
         return sum(v.bytes for v in self.variables.values())
+
+    @property
+    def incremental(self) -> bool:
+        """Whether any variable of the checkpoint is saved as a delta on ``parent``."""
+        return any(v.incremental for v in self.variables.values())
 
     def variable(self, name: str, where: str) -> VariableEntry:
         """The entry of ``name``; a ``CheckpointError`` naming the checkpoint when absent."""
@@ -128,43 +162,71 @@ def library_versions() -> dict[str, str]:
 def merge_rank_manifests(
     ranks: Sequence[RankManifest], *, metadata: dict[str, Any] | None = None
 ) -> Manifest:
-    """Merge every rank's manifest into one; all ranks must agree on each variable."""
-    proc_size = ranks[0].proc_size
+    """Merge every rank's manifest into one; all ranks must agree on each variable and on
+    the parent checkpoint (a ``CheckpointError`` names the rank that does not)."""
+    ordered = sorted(ranks, key=lambda m: m.rank)
+    proc_size = ordered[0].proc_size
+    parent = (ordered[0].parent, ordered[0].parent_created)
     merged: dict[str, VariableEntry] = {}
-    for rank_manifest in sorted(ranks, key=lambda m: m.rank):
+    for rank_manifest in ordered:
+        theirs = (rank_manifest.parent, rank_manifest.parent_created)
+        if theirs != parent:
+            raise CheckpointError(
+                f"rank {rank_manifest.rank} saved on parent checkpoint (name, created) = "
+                f"{theirs}, rank {ordered[0].rank} on {parent}: all ranks must save deltas "
+                "on the same committed checkpoint"
+            )
         for name, entry in rank_manifest.variables.items():
             merged[name] = _merge_entry(merged.get(name), entry, rank_manifest.rank)
+    incremental = any(e.incremental for e in merged.values())
     return Manifest(
-        format_version=FORMAT_VERSION,
+        format_version=FORMAT_VERSION if incremental else FULL_FORMAT_VERSION,
         created=time.time(),
         proc_size=proc_size,
         variables=merged,
         versions=library_versions(),
         metadata=dict(metadata or {}),
+        parent=parent[0] if incremental else None,
+        parent_created=parent[1] if incremental else None,
     )
 
 
 def _merge_entry(into: VariableEntry | None, entry: VariableEntry, rank: int) -> VariableEntry:
     if into is None:
         return entry
-    mine = (into.key_dtype, into.value_dtype, into.dim, into.columns, into.format)
-    theirs = (entry.key_dtype, entry.value_dtype, entry.dim, entry.columns, entry.format)
+    fields = (into.key_dtype, into.value_dtype, into.dim, into.columns, into.format)
+    mine = (*fields, into.incremental)
+    theirs = (entry.key_dtype, entry.value_dtype, entry.dim, entry.columns, entry.format,
+              entry.incremental)  # fmt: skip
     if mine != theirs:
         raise CheckpointError(
             f"variable {entry.name!r}: rank {rank} saved (key_dtype, value_dtype, dim, "
-            f"columns, format) = {theirs}, other ranks saved {mine}"
+            f"columns, format, incremental) = {theirs}, other ranks saved {mine}"
         )
     return dataclasses.replace(
         into,
         shard_count=into.shard_count + entry.shard_count,
         shards=into.shards + entry.shards,
+        removed=into.removed + entry.removed,
     )
 
 
 # --- JSON -----------------------------------------------------------------------------
 def to_json(obj: Manifest | RankManifest) -> bytes:
-    """Serialise a manifest to UTF-8 JSON (stable key order)."""
-    return json.dumps(dataclasses.asdict(obj), indent=1, sort_keys=True).encode()
+    """Serialise a manifest to UTF-8 JSON (stable key order).
+
+    The fields of incremental checkpoints are left out where they hold their defaults, so
+    a full checkpoint's manifest reads as before (version 1) to older readers.
+    """
+    d = dataclasses.asdict(obj)
+    if d.get("parent_created") is None:
+        d.pop("parent_created", None)
+    if isinstance(obj, RankManifest) and d["parent"] is None:
+        d.pop("parent")
+    for entry in d["variables"].values():
+        if not entry["incremental"] and not entry["removed"]:
+            del entry["incremental"], entry["removed"]
+    return json.dumps(d, indent=1, sort_keys=True).encode()
 
 
 def _entry_from_dict(d: dict[str, Any]) -> VariableEntry:
@@ -173,6 +235,7 @@ def _entry_from_dict(d: dict[str, Any]) -> VariableEntry:
             **d,
             "columns": {k: ColumnSpec(**c) for k, c in d["columns"].items()},
             "shards": [ShardRecord(**s) for s in d["shards"]],
+            "removed": [ShardRecord(**s) for s in d.get("removed", [])],
         }
     )
 
@@ -200,6 +263,12 @@ def rank_manifest_from_json(data: bytes, where: str) -> RankManifest:
     try:
         d = json.loads(data)
         variables = {k: _entry_from_dict(v) for k, v in d["variables"].items()}
-        return RankManifest(rank=d["rank"], proc_size=d["proc_size"], variables=variables)
+        return RankManifest(
+            rank=d["rank"],
+            proc_size=d["proc_size"],
+            variables=variables,
+            parent=d.get("parent"),
+            parent_created=d.get("parent_created"),
+        )
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{where}: rank manifest is not valid ({err})") from err
