@@ -73,7 +73,8 @@ def cpu_only_ops(graph_def: graph_pb2.GraphDef) -> list[str]:
 
 
 def _traced_graph(table: HashTable) -> graph_pb2.GraphDef:
-    """One graph calling lookup, insert, accum, remove, export, size and clear."""
+    """One graph calling lookup, insert, accum, remove, export, the change tracking, size
+    and clear."""
 
     def every_operation(keys, rows):
         values, exists = table.lookup(keys, default_value=rows)
@@ -82,8 +83,10 @@ def _traced_graph(table: HashTable) -> graph_pb2.GraphDef:
         table.accum(keys, rows, insert_missing=False)
         table.remove(keys)
         exported = table.export_all()
+        changes = table.export_changes(0)
+        table.forget_removed(0)
         table.clear()
-        return values, exists, exported, table.size()
+        return values, exists, exported, changes, table.size()
 
     specs = [
         tf.TensorSpec([None], table.key_dtype),

@@ -21,6 +21,9 @@ DELETED = -2
 # Claim tokens sit above every real row id, so a token is always the max of a slot.
 TOKEN_BASE = 1 << 40
 MIN_CAPACITY = 16
+#: Row stamps (the epoch of a row's last write) are 4 bytes a row: uint32 has GPU
+#: gathers and scatters, int32 does not.
+STAMP_DTYPE = tf.uint32
 
 _MIX1 = tf.constant(-49064778989728563, tf.int64)  # 0xff51afd7ed558ccd as int64
 _MIX2 = tf.constant(-4265267296055464877, tf.int64)  # 0xc4ceb9fe1a85ec53 as int64
@@ -64,6 +67,7 @@ class Config:
     max_load_factor: float
     row_growth: float
     init_capacity: int
+    track_changes: bool = True
 
 
 class State(NamedTuple):
@@ -76,6 +80,13 @@ class State(NamedTuple):
     num_deleted: tf.Variable
     num_free: tf.Variable
     next_row: tf.Variable
+    # change tracking: the epoch of each row's last write, the current epoch, and the log
+    # of removed keys with the epoch of their removal
+    stamps: tf.Variable
+    epoch: tf.Variable
+    removed: tf.Variable
+    removed_at: tf.Variable
+    num_removed: tf.Variable
 
 
 class _View:
@@ -101,7 +112,7 @@ class Kernels:
     def __init__(self, config: Config) -> None:
         self.config = config
         names = ("lookup", "insert", "accum_insert", "accum_existing", "remove", "clear", "prepare")
-        for name in (*names, "export_all"):
+        for name in (*names, "export_all", "export_changes", "forget_removed"):
             setattr(self, name, self._function(name))
 
     def run(self, name: str, state: State, *args: tf.Tensor) -> Any:
@@ -131,6 +142,8 @@ class Kernels:
             "clear": [],
             "export_all": [],
             "prepare": [count],
+            "export_changes": [count],
+            "forget_removed": [count],
         }
         handles = tuple(tf.TensorSpec([], tf.resource) for _ in State._fields)
         signature = [handles, *args.get(name, [keys, rows])]
@@ -139,9 +152,10 @@ class Kernels:
     def _variable_specs(self) -> list[tf.TensorSpec]:
         rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
         counter = tf.TensorSpec([], tf.int64)
-        return [tf.TensorSpec([None, 2], tf.int64), rows, tf.TensorSpec([None], tf.int64)] + [
-            counter
-        ] * 4
+        ids = tf.TensorSpec([None], tf.int64)
+        stamps = tf.TensorSpec([None], STAMP_DTYPE)
+        index = tf.TensorSpec([None, 2], tf.int64)
+        return [index, rows, ids, *[counter] * 4, stamps, counter, ids, ids, counter]
 
 
 def _handle_variable(handle: tf.Tensor, spec: tf.TensorSpec) -> tf.Variable:
@@ -385,6 +399,8 @@ class TableOps:
             # written (or zeroed, by accum) whenever it is handed out.
             source = tf.minimum(tf.range(tf.maximum(needed, bigger)), have - 1)
             t.values.assign(tf.gather(t.values, source))
+            if t.track_changes:  # a row's stamp is written whenever the row is
+                t.stamps.assign(tf.gather(t.stamps, source))
             return tf.constant(True)
 
         have = variable_length(t.values)
@@ -502,6 +518,7 @@ class TableOps:
             return tf.constant(True)
 
         tf.cond(tf.reduce_all(last), write_all, write_last)
+        self.stamp(rows)
 
     def accum_insert(self, keys: tf.Tensor, deltas: tf.Tensor) -> None:
         """Add deltas, inserting missing keys at zero first."""
@@ -514,15 +531,16 @@ class TableOps:
             )
         )
         t.values.scatter_add(tf.IndexedSlices(deltas, rows))
+        self.stamp(rows)
 
     def accum_existing(self, keys: tf.Tensor, deltas: tf.Tensor) -> None:
         """Add deltas to present keys; missing keys are ignored."""
         t = self.t
         slots, rows = self.find(keys)
         exists = slots >= 0
-        t.values.scatter_add(
-            tf.IndexedSlices(tf.boolean_mask(deltas, exists), tf.boolean_mask(rows, exists))
-        )
+        rows = tf.boolean_mask(rows, exists)
+        t.values.scatter_add(tf.IndexedSlices(tf.boolean_mask(deltas, exists), rows))
+        self.stamp(rows)
 
     def remove(self, keys: tf.Tensor) -> None:
         """Tombstone the slots of present keys and free their rows."""
@@ -537,6 +555,8 @@ class TableOps:
         self.free(rows)
         t.num_keys.assign_sub(_count(rows))
         t.num_deleted.assign_add(_count(rows))
+        if t.track_changes:
+            self.log_removed(keys)
 
     def clear(self) -> None:
         """Empty the table: the index goes back to its initial capacity, rows are released."""
@@ -544,14 +564,72 @@ class TableOps:
         t.index.assign(empty_index(tf.constant(t.init_capacity, tf.int64)))
         t.values.assign(tf.zeros([16, t.dim], t.values.dtype))
         t.free_rows.assign(tf.zeros([16], tf.int64))
-        for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row):
+        for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row, t.num_removed):
             counter.assign(0)
+        if t.track_changes:  # the epoch goes on: a cleared table has no history
+            t.stamps.assign(tf.zeros([16], STAMP_DTYPE))
+            t.removed.assign(tf.zeros([16], tf.int64))
+            t.removed_at.assign(tf.zeros([16], tf.int64))
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """``(keys, values)`` of every live slot, read in one pass."""
         t = self.t
         live = self.live_entries()
         return live[:, 0], tf.gather(t.values, live[:, 1])
+
+    # -- change tracking ---------------------------------------------------------------
+    def stamp(self, rows: tf.Tensor) -> None:
+        """Stamp ``rows`` with the current epoch (no-op when changes are not tracked)."""
+        t = self.t
+        if t.track_changes:
+            epoch = tf.cast(tf.fill(tf.shape(rows), t.epoch.read_value()), STAMP_DTYPE)
+            t.stamps.scatter_update(tf.IndexedSlices(epoch, rows))
+
+    def log_removed(self, keys: tf.Tensor) -> None:
+        """Append ``keys`` to the removal log with the current epoch (growing it when full)."""
+        t = self.t
+        top = t.num_removed.read_value()
+        needed = top + _count(keys)
+
+        def grow() -> tf.Tensor:
+            have = variable_length(t.removed)
+            extra = tf.zeros(tf.reshape(tf.maximum(needed, 2 * have) - have, [1]), tf.int64)
+            t.removed.assign(tf.concat([t.removed, extra], axis=0))
+            t.removed_at.assign(tf.concat([t.removed_at, extra], axis=0))
+            return tf.constant(True)
+
+        tf.cond(needed > variable_length(t.removed), grow, lambda: tf.constant(False))
+        at = tf.range(top, needed)
+        t.removed.scatter_update(tf.IndexedSlices(keys, at))
+        epoch = tf.fill(tf.shape(keys), t.epoch.read_value())
+        t.removed_at.scatter_update(tf.IndexedSlices(epoch, at))
+        t.num_removed.assign(needed)
+
+    def export_changes(self, since: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """``(keys, values)`` of the live rows written at an epoch after ``since``, and the
+        keys removed after ``since`` that are absent now (possibly repeated)."""
+        t = self.t
+        live = self.live_entries()
+        stamps = tf.cast(tf.gather(t.stamps, live[:, 1]), tf.int64)
+        changed = tf.gather(live, tf.where(stamps > since)[:, 0])
+        logged = tf.range(t.num_removed.read_value())
+        removed_at = tf.gather(t.removed_at, logged)
+        removed = tf.gather(tf.gather(t.removed, logged), tf.where(removed_at > since)[:, 0])
+        slots, _ = self.find(removed)
+        removed = tf.gather(removed, tf.where(slots < 0)[:, 0])
+        return changed[:, 0], tf.gather(t.values, changed[:, 1]), removed
+
+    def forget_removed(self, upto: tf.Tensor) -> None:
+        """Drop the removal records of epochs up to ``upto``."""
+        t = self.t
+        logged = tf.range(t.num_removed.read_value())
+        removed_at = tf.gather(t.removed_at, logged)
+        kept = tf.gather(logged, tf.where(removed_at > upto)[:, 0])
+        keys, epochs = tf.gather(t.removed, kept), tf.gather(t.removed_at, kept)
+        at = tf.range(_count(kept))
+        t.removed.scatter_update(tf.IndexedSlices(keys, at))
+        t.removed_at.scatter_update(tf.IndexedSlices(epochs, at))
+        t.num_removed.assign(_count(kept))
 
     def live_entries(self) -> tf.Tensor:
         """The ``(key, row)`` entries of every occupied slot, ``[n, 2]``, in one read."""

@@ -79,6 +79,34 @@ class TableCore(tf.Module, abc.ABC):
             return tf.zeros([0], self.key_dtype), tf.zeros([0, self.dim], self.value_dtype)
         return tf.concat([k for k, _ in batches], 0), tf.concat([v for _, v in batches], 0)
 
+    # -- change tracking (incremental checkpoints) ------------------------------------
+    #: Whether this core tracks changes; cores that do implement the four methods below.
+    track_changes: bool = False
+
+    def change_epoch(self) -> int:
+        """The current change epoch (from 1): every row written (insert, accum) is stamped
+        with it, every removed key is logged with it."""
+        raise self._no_tracking()
+
+    def set_change_epoch(self, epoch: int) -> None:
+        """Make ``epoch`` the current change epoch."""
+        raise self._no_tracking()
+
+    def export_changes(self, since: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """``(keys [n], values [n, dim], removed [m])``: the rows written at an epoch after
+        ``since``, and the keys removed after ``since`` that are absent now (a key removed
+        and inserted again is only in ``keys``). ``clear`` forgets all history."""
+        raise self._no_tracking()
+
+    def forget_removed(self, upto: int) -> None:
+        """Drop the removal records of epochs up to ``upto`` (no delta needs them)."""
+        raise self._no_tracking()
+
+    def _no_tracking(self) -> NotImplementedError:
+        return NotImplementedError(
+            f"table {self.name!r} ({type(self).__name__}) does not track changes"
+        )
+
     def import_batches(self, batches: Iterable[tuple[tf.Tensor, tf.Tensor]]) -> None:
         """Upsert every ``(keys, values)`` batch, in order."""
         for keys, values in batches:

@@ -62,6 +62,10 @@ class HashTable(TableCore):
         The index grows (doubling) before ``(keys + tombstones) / capacity`` would pass this.
     row_growth
         Factor by which the row store grows when it is full, ``> 1``.
+    track_changes
+        Stamp every written row with the current change epoch (4 bytes a row) and log
+        removed keys, so that :meth:`export_changes` can list what changed since a mark
+        (incremental checkpoints). ``False`` saves that memory and the per-write scatter.
 
     The variables live on the device in scope when the table is created, and every
     operation runs there.
@@ -77,6 +81,7 @@ class HashTable(TableCore):
         init_size: int = 0,
         max_load_factor: float = 0.75,
         row_growth: float = 1.25,
+        track_changes: bool = True,
     ) -> None:
         key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
         _checks.check_config(name, key_dtype, value_dtype, dim, _KEY_DTYPES)
@@ -106,10 +111,24 @@ class HashTable(TableCore):
             )
             self.num_free = tf.Variable(tf.constant(0, tf.int64), name="num_free", trainable=False)
             self.next_row = tf.Variable(tf.constant(0, tf.int64), name="next_row", trainable=False)
+            self.track_changes = bool(track_changes)
+            stamp_rows = rows if self.track_changes else 16
+            self.stamps = _variable("stamps", tf.zeros([stamp_rows], _probe.STAMP_DTYPE))
+            self.epoch = tf.Variable(tf.constant(1, tf.int64), name="epoch", trainable=False)
+            self.removed = _variable("removed", tf.zeros([16], tf.int64))
+            self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64))
+            self.num_removed = tf.Variable(
+                tf.constant(0, tf.int64), name="num_removed", trainable=False
+            )
         self._device = self.index.device
         self._kernels = _probe.kernels_for(
             _probe.Config(
-                dim, self._stored_dtype, self.max_load_factor, self.row_growth, self.init_capacity
+                dim,
+                self._stored_dtype,
+                self.max_load_factor,
+                self.row_growth,
+                self.init_capacity,
+                self.track_changes,
             )
         )
 
@@ -169,13 +188,49 @@ class HashTable(TableCore):
         """Return ``(keys [n], values [n, dim])`` of the whole table in one consistent read."""
         with tf.device(self._device):
             keys, values = self._kernels.run("export_all", self._state)
-        keys = tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys
-        values = tf.cast(values, self.value_dtype) if values.dtype != self.value_dtype else values
-        return keys, values
+        return self._exported(keys), self._exported_values(values)
+
+    def _exported(self, keys: tf.Tensor) -> tf.Tensor:
+        return tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys
+
+    def _exported_values(self, values: tf.Tensor) -> tf.Tensor:
+        return tf.cast(values, self.value_dtype) if values.dtype != self.value_dtype else values
 
     def export(self, batch_size: int) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
         """Yield snapshot batches of at most ``batch_size`` rows (eager only)."""
         return _checks.snapshot_batches(self.table_name, self.export_all(), batch_size)
+
+    # -- change tracking ---------------------------------------------------------------
+    def change_epoch(self) -> int:
+        """The current change epoch: rows written now are stamped with it."""
+        return int(self.epoch.numpy())
+
+    def set_change_epoch(self, epoch: int) -> None:
+        """Make ``epoch`` the current change epoch."""
+        self.epoch.assign(epoch)
+
+    def export_changes(self, since: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Return ``(keys, values, removed)``: the rows written at an epoch after ``since``
+        and the keys removed after ``since`` that are absent now; see
+        :meth:`TableCore.export_changes`."""
+        self._check_tracking()
+        with tf.device(self._device):
+            keys, values, removed = self._kernels.run(
+                "export_changes", self._state, tf.constant(since, tf.int64)
+            )
+        return self._exported(keys), self._exported_values(values), self._exported(removed)
+
+    def forget_removed(self, upto: int) -> None:
+        """Drop the removal records of epochs up to ``upto``."""
+        self._check_tracking()
+        with tf.device(self._device):
+            self._kernels.run("forget_removed", self._state, tf.constant(upto, tf.int64))
+
+    def _check_tracking(self) -> None:
+        if not self.track_changes:
+            raise ValueError(
+                f"table {self.table_name!r} does not track changes (track_changes=False)"
+            )
 
     # -- introspection -----------------------------------------------------------------
     def capacity(self) -> int:
@@ -184,13 +239,14 @@ class HashTable(TableCore):
 
     def memory_bytes(self) -> int:
         """Bytes held by the table's variables."""
-        arrays = (self.index, self.values, self.free_rows)
+        arrays = [self.index, self.values, self.free_rows, self.stamps]
+        arrays += [self.removed, self.removed_at]
         total = sum(
             int(tf.reduce_prod(tf.raw_ops.VariableShape(input=v.handle, out_type=tf.int64)))
             * v.dtype.size
             for v in arrays
         )
-        return total + 4 * 8  # the four int64 counters
+        return total + 6 * 8  # the six int64 counters
 
     # -- helpers -----------------------------------------------------------------------
     @property
@@ -204,6 +260,11 @@ class HashTable(TableCore):
             self.num_deleted,
             self.num_free,
             self.next_row,
+            self.stamps,
+            self.epoch,
+            self.removed,
+            self.removed_at,
+            self.num_removed,
         )
 
     def _keys(self, keys: Any) -> tf.Tensor:
@@ -215,7 +276,8 @@ class HashTable(TableCore):
         rows, checks = _checks.check_rows(
             self.table_name, self.value_dtype, self.dim, keys, rows, what
         )
-        with tf.control_dependencies(checks):
+        with tf.control_dependencies(checks):  # nothing changes before the checks pass
+            keys = tf.identity(keys)
             rows = (
                 tf.cast(rows, self._stored_dtype)
                 if rows.dtype != self._stored_dtype

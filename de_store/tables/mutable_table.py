@@ -35,6 +35,9 @@ class MutableTable(TableCore):
         Names the table in error messages.
     init_size
         Accepted for signature parity with :class:`HashTable`; the hash table sizes itself.
+    track_changes
+        Keep each key's change epoch and a log of removed keys (two more hash tables) for
+        :meth:`export_changes` (incremental checkpoints).
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class MutableTable(TableCore):
         *,
         name: str = "table",
         init_size: int = 0,
+        track_changes: bool = True,
     ) -> None:
         key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
         _checks.check_config(name, key_dtype, value_dtype, dim, _KEY_DTYPES)
@@ -59,6 +63,15 @@ class MutableTable(TableCore):
             default_value=tf.zeros([dim + 1], self._stored_value),
             name=f"{_checks.table_name(name)}_table",
         )
+        self.track_changes = bool(track_changes)
+        self.epoch = tf.Variable(tf.constant(1, tf.int64), name="epoch", trainable=False)
+        if self.track_changes:
+            self._stamps, self._removed = (
+                tf.lookup.experimental.MutableHashTable(
+                    self._stored_key, tf.int64, -1, name=f"{_checks.table_name(name)}_{what}"
+                )
+                for what in ("stamps", "removed")
+            )
 
     # -- helpers -----------------------------------------------------------------------
     def _keys(self, keys: Any) -> tf.Tensor:
@@ -99,6 +112,7 @@ class MutableTable(TableCore):
             positions = tf.range(tf.size(stored_keys, out_type=tf.int64))
             last = tf.math.unsorted_segment_max(positions, slot, tf.size(unique))
             self._table.insert(unique, self._rows(tf.gather(values, last)))
+            self._stamp(unique)
 
     def accum(self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True) -> None:
         """Add deltas (duplicates sum); missing keys are inserted when ``insert_missing``."""
@@ -117,10 +131,17 @@ class MutableTable(TableCore):
                 unique = tf.boolean_mask(unique, exists)
                 updated = tf.boolean_mask(updated, exists)
             self._table.insert(unique, self._rows(updated))
+            self._stamp(unique)
 
     def remove(self, keys: tf.Tensor) -> None:
         """Remove keys; missing keys are ignored."""
-        self._table.remove(self._keys(keys))
+        stored_keys = self._keys(keys)
+        if self.track_changes:
+            _, exists = self._read(stored_keys)
+            present = tf.gather(stored_keys, tf.where(exists)[:, 0])
+            self._removed.insert(present, tf.fill(tf.shape(present), self.epoch.read_value()))
+            self._stamps.remove(present)
+        self._table.remove(stored_keys)
 
     def size(self) -> tf.Tensor:
         """Number of keys held (int64 scalar)."""
@@ -130,13 +151,60 @@ class MutableTable(TableCore):
         """Remove every key."""
         keys, _ = self._table.export()
         self._table.remove(keys)
+        if self.track_changes:
+            for log in (self._stamps, self._removed):
+                log.remove(log.export()[0])
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """Return ``(keys [n], values [n, dim])`` of the whole table, read at once."""
         keys, stored = self._table.export()
-        keys = tf.cast(keys, self.key_dtype) if self.key_dtype != self._stored_key else keys
-        return keys, tf.cast(stored[:, : self.dim], self.value_dtype)
+        return self._exported(keys), tf.cast(stored[:, : self.dim], self.value_dtype)
 
     def export(self, batch_size: int) -> Iterator[tuple[tf.Tensor, tf.Tensor]]:
         """Yield snapshot batches of at most ``batch_size`` rows (eager only)."""
         return _checks.snapshot_batches(self.table_name, self.export_all(), batch_size)
+
+    # -- change tracking ---------------------------------------------------------------
+    def _stamp(self, stored_keys: tf.Tensor) -> None:
+        if self.track_changes:
+            epoch = tf.fill(tf.shape(stored_keys), self.epoch.read_value())
+            self._stamps.insert(stored_keys, epoch)
+
+    def change_epoch(self) -> int:
+        """The current change epoch: rows written now are stamped with it."""
+        return int(self.epoch.numpy())
+
+    def set_change_epoch(self, epoch: int) -> None:
+        """Make ``epoch`` the current change epoch."""
+        self.epoch.assign(epoch)
+
+    def export_changes(self, since: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """See :meth:`TableCore.export_changes`."""
+        self._check_tracking()
+        keys, stamps = self._stamps.export()
+        keys = tf.boolean_mask(keys, stamps > since)
+        values, _ = self._read(keys)
+        removed, epochs = self._removed.export()
+        removed = tf.boolean_mask(removed, epochs > since)
+        _, present = self._read(removed)
+        removed = tf.boolean_mask(removed, tf.logical_not(present))
+        return (
+            self._exported(keys),
+            tf.cast(values, self.value_dtype),
+            self._exported(removed),
+        )
+
+    def forget_removed(self, upto: int) -> None:
+        """Drop the removal records of epochs up to ``upto``."""
+        self._check_tracking()
+        removed, epochs = self._removed.export()
+        self._removed.remove(tf.boolean_mask(removed, epochs <= upto))
+
+    def _exported(self, keys: tf.Tensor) -> tf.Tensor:
+        return tf.cast(keys, self.key_dtype) if self.key_dtype != self._stored_key else keys
+
+    def _check_tracking(self) -> None:
+        if not self.track_changes:
+            raise ValueError(
+                f"table {self.table_name!r} does not track changes (track_changes=False)"
+            )
