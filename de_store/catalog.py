@@ -2,7 +2,9 @@
 
 A checkpoint is a folder holding a ``COMMIT-*`` record, a ``manifest-*.json``, a ``_ranks/``
 folder of per-rank manifests, or a staging folder ``NAME.pending``. Only a ``COMMIT-*``
-record makes it committed (see :mod:`de_store.saver.commit`).
+record makes it committed (see :mod:`de_store.saver.commit`). An incremental checkpoint
+("delta") names its parent; its chain is the full checkpoint and the deltas up to it (see
+:mod:`de_store.saver.chain`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 import fsspec
 
 from de_store.backends import Backend, open_backend
+from de_store.errors import CheckpointError
+from de_store.saver.chain import iter_manifests, parent_folder
 from de_store.saver.commit import (
     ABORT_NAME,
     COMMIT_PREFIX,
@@ -47,11 +51,16 @@ class CheckpointSummary:
     Attributes
     ----------
     path: folder relative to the listed URL ("" when the URL is the checkpoint itself).
-    status: "committed", "uncommitted" (a save in progress or interrupted) or "aborted".
+    status: "committed"; "orphaned" (committed, its TF checkpoint deleted: gc removes it);
+        "parent" (committed, its TF checkpoint deleted, but a kept checkpoint's chain
+        needs it: gc keeps it); "uncommitted" (a save in progress or interrupted) or
+        "aborted".
     step: from the folder name (``ckpt-12`` -> 12) or the manifest's ``step`` metadata.
     committed: commit time (seconds since the epoch), None when not committed.
     bytes: shard bytes of a committed checkpoint (from its manifest), else of all its files.
     variables: number of variables (committed checkpoints), else None.
+    kind: "full" or "delta" (an incremental checkpoint) when committed, else None.
+    parent: a delta's parent checkpoint as its manifest names it, else None.
     """
 
     path: str
@@ -60,6 +69,8 @@ class CheckpointSummary:
     committed: float | None
     bytes: int
     variables: int | None
+    kind: str | None = None
+    parent: str | None = None
 
 
 def _marker_folder(path: str) -> str | None:
@@ -118,6 +129,8 @@ def summarize(backend: Backend, folder: str, files: list[str]) -> CheckpointSumm
             float(record["committed"]),
             manifest.bytes,
             len(manifest.variables),
+            "delta" if manifest.incremental else "full",
+            manifest.parent,
         )
     aborted = any(posixpath.basename(p) == ABORT_NAME for p in files)
     return CheckpointSummary(
@@ -156,7 +169,33 @@ def list_checkpoints(
         parent, name = open_location(url, storage_options)
         return [dataclasses.replace(summarize(parent, name, []), path="")]
     summaries = [summarize(backend, folder, files) for folder, files in sorted(found.items())]
+    summaries = _mark_parents(backend, summaries)
     return sorted(summaries, key=lambda s: (s.step is None, s.step or 0, s.path))
+
+
+def _mark_parents(backend: Backend, summaries: list[CheckpointSummary]) -> list[CheckpointSummary]:
+    """Orphaned checkpoints that a kept (committed) checkpoint's chain needs, as "parent"."""
+    by_path = {s.path: s for s in summaries}
+    needed: set[str] = set()
+    for summary in summaries:
+        if summary.status != "committed":
+            continue
+        link = summary
+        while link.parent is not None:
+            try:
+                folder = parent_folder(backend, link.path, link.parent)
+            except CheckpointError:
+                break  # outside the listed location
+            if folder in needed or folder not in by_path:
+                break
+            needed.add(folder)
+            link = by_path[folder]
+    return [
+        dataclasses.replace(s, status="parent")
+        if s.status == "orphaned" and s.path in needed
+        else s
+        for s in summaries
+    ]
 
 
 def describe(url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -164,9 +203,12 @@ def describe(url: str, storage_options: dict[str, Any] | None = None) -> dict[st
 
     Keys: ``url``, ``folder``, ``generation``, ``committed``, ``format_version``, ``created``,
     ``bytes``, ``rows``, ``topology`` (``proc_size``, ``shards_per_rank``), ``metadata``,
-    ``versions`` and ``variables``: name -> ``dim``, ``key_dtype``, ``value_dtype``,
+    ``versions``, ``kind`` ("full" or "delta"), ``parent`` (as the manifest names it, or
+    None), ``chain`` (see :func:`describe_chain`), ``chain_error`` (why the chain cannot be
+    restored, or None) and ``variables``: name -> ``dim``, ``key_dtype``, ``value_dtype``,
     ``columns`` (name -> dtype, dim), ``format``, ``rows``, ``shards``, ``bytes``,
-    ``files`` and ``ranks`` (rank -> shard count).
+    ``files``, ``ranks`` (rank -> shard count), ``incremental``, ``removed`` (tombstones:
+    keys removed since the parent) and ``chain_links`` (checkpoints its restore reads).
 
     Raises
     ------
@@ -193,9 +235,14 @@ def describe(url: str, storage_options: dict[str, Any] | None = None) -> dict[st
             "rows": entry.rows,
             "shards": entry.shard_count,
             "bytes": entry.bytes,
-            "files": [f["path"] for s in entry.shards for f in s.info["files"]],
+            "files": [f["path"] for s in entry.shards + entry.removed for f in s.info["files"]],
             "ranks": {str(r): n for r, n in sorted(ranks.items())},
+            "incremental": entry.incremental,
+            "removed": entry.removed_rows,
         }
+    chain, chain_error = describe_chain(backend, folder)
+    for var_name, var in variables.items():
+        var["chain_links"] = _links_of(var_name, chain)
     return {
         "url": url,
         "folder": folder,
@@ -211,8 +258,60 @@ def describe(url: str, storage_options: dict[str, Any] | None = None) -> dict[st
         },
         "metadata": manifest.metadata,
         "versions": manifest.versions,
+        "kind": "delta" if manifest.incremental else "full",
+        "parent": manifest.parent,
+        "chain": chain,
+        "chain_error": chain_error,
         "variables": variables,
     }
+
+
+def describe_chain(backend: Backend, name: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The chain of the committed checkpoint ``name``, oldest (a full one) first, and why it
+    is broken (None when every link is there and committed).
+
+    Each link: ``folder`` (within ``backend``), ``kind`` ("full" or "delta"), ``rows``,
+    ``removed`` (tombstones), ``bytes``, ``created`` and ``incremental``: the variables
+    saved as deltas in it. A full checkpoint is a chain of one link. A broken chain starts
+    with the link that could not be read, of kind "missing" (not there, not committed or
+    rewritten since).
+    """
+    links: list[dict[str, Any]] = []
+    parent: str | None = None
+    try:
+        for folder, manifest in iter_manifests(backend, name):
+            parent = manifest.parent and parent_folder(backend, folder, manifest.parent)
+            links.append(
+                {
+                    "folder": folder,
+                    "kind": "delta" if manifest.incremental else "full",
+                    "rows": sum(e.rows for e in manifest.variables.values()),
+                    "removed": sum(e.removed_rows for e in manifest.variables.values()),
+                    "bytes": manifest.bytes,
+                    "created": manifest.created,
+                    "incremental": sorted(
+                        n for n, e in manifest.variables.items() if e.incremental
+                    ),
+                }
+            )
+            if not manifest.incremental:
+                break
+    except CheckpointError as err:
+        if parent is not None:  # the link that could not be read
+            links.append({"folder": parent, "kind": "missing", "rows": 0, "removed": 0,
+                          "bytes": 0, "created": None, "incremental": []})  # fmt: skip
+        return links[::-1], str(err)
+    return links[::-1], None
+
+
+def _links_of(variable: str, chain: list[dict[str, Any]]) -> int:
+    """How many links of ``chain`` (oldest first) a restore of ``variable`` reads."""
+    count = 0
+    for link in reversed(chain):
+        count += 1
+        if variable not in link["incremental"]:
+            break
+    return count
 
 
 def checkpoint_manifest(

@@ -162,11 +162,14 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     if not found:
         print(f"no checkpoints under {args.url}")
         return EXIT_OK
-    rows = [("PATH", "STATUS", "STEP", "COMMITTED", "SIZE", "VARIABLES")]
+    rows = [("PATH", "STATUS", "KIND", "STEP", "COMMITTED", "SIZE", "VARIABLES", "PARENT")]
     for s in found:
         step = "-" if s.step is None else str(s.step)
         count = "-" if s.variables is None else str(s.variables)
-        rows.append((s.path or ".", s.status, step, _when(s.committed), _size(s.bytes), count))
+        when, size = _when(s.committed), _size(s.bytes)
+        rows.append(
+            (s.path or ".", s.status, s.kind or "-", step, when, size, count, s.parent or "-")
+        )
     _print_table(rows)
     return EXIT_OK
 
@@ -192,9 +195,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"saved by    {topology['proc_size']} process(es); shards {per_rank}")
     if info["metadata"]:
         print(f"metadata    {json.dumps(info['metadata'], sort_keys=True)}")
-    rows = [("VARIABLE", "DIM", "KEY", "VALUE", "COLUMNS", "ROWS", "SHARDS", "SIZE", "FORMAT")]
+    _print_chain(info)
+    print()
+    header = "VARIABLE DIM KEY VALUE COLUMNS ROWS REMOVED SHARDS SIZE FORMAT SAVED-AS"
+    rows = [tuple(header.split())]
     for name, v in info["variables"].items():
         extras = ",".join(c for c in v["columns"] if c != "value") or "-"
+        links = v["chain_links"]
+        saved_as = f"delta (chain of {links})" if v["incremental"] else "full"
         rows.append(
             (
                 name,
@@ -203,13 +211,42 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
                 v["value_dtype"],
                 extras,
                 f"{v['rows']:,}",
+                f"{v['removed']:,}" if v["incremental"] else "-",
                 str(v["shards"]),
                 _size(v["bytes"]),
                 v["format"],
+                saved_as,
             )
         )
     _print_table(rows)
+    if info["chain_error"]:
+        print(f"de-store: error: {info['chain_error']}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
+
+
+def _print_chain(info: dict[str, Any]) -> None:
+    """The kind of the checkpoint and, for a delta, its chain oldest first."""
+    chain = info["chain"]
+    if info["kind"] == "full":
+        print("kind        full")
+        return
+    deltas = sum(link["kind"] == "delta" for link in chain)
+    print(f"kind        delta on {info['parent']}")
+    if info["chain_error"]:
+        print(f"chain       BROKEN, it cannot be restored: {info['chain_error']}")
+    else:
+        print(f"chain       {len(chain)} links, oldest first: a full one and {deltas} delta(s)")
+    rows = []
+    for link in chain:
+        this = "  <- this checkpoint" if link["folder"] == info["folder"] else ""
+        if link["kind"] == "missing":
+            rows.append((f"  {link['folder']}", "missing", "-", "-"))
+            continue
+        removed = f", {link['removed']:,} removed" if link["kind"] == "delta" else ""
+        rows_text = f"{link['rows']:,} rows{removed}"
+        rows.append((f"  {link['folder']}", link["kind"], rows_text, _size(link["bytes"]) + this))
+    _print_table(rows)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

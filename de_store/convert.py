@@ -13,9 +13,11 @@ Rows are held one variable and one rank at a time.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -27,14 +29,24 @@ from de_store.formats import FORMATS, batch_to_numpy, tfra
 from de_store.formats.batches import batch_from_numpy
 from de_store.formats.binary import KEYS_SUFFIX, VALUES_SUFFIX, decode_pair, numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
-from de_store.saver.commit import commit_strategy, read_manifest
+from de_store.saver.buckets import (
+    MIN_ROWS_PER_BUCKET,
+    bucket_order,
+    choose_num_buckets,
+    key_hash_mod,
+)
+from de_store.saver.commit import CommitStrategy, commit_strategy, read_manifest
 from de_store.saver.manifest import (
     ColumnSpec,
+    Manifest,
     RankManifest,
+    ShardRecord,
     VariableEntry,
     merge_rank_manifests,
     to_json,
 )
+from de_store.saver.retry import RetryPolicy
+from de_store.saver.rows import ShardRows, VariableRows
 
 #: Target names of ``de-store convert --to``.
 TARGETS = (*sorted(FORMATS), "tfra")
@@ -57,10 +69,13 @@ class SourceVariable:
 
 # --- sources ----------------------------------------------------------------------------
 def checkpoint_source(backend: Backend, name: str) -> list[SourceVariable]:
-    """The variables of the committed de_store checkpoint ``name`` under ``backend``."""
+    """The variables of the committed de_store checkpoint ``name`` under ``backend``; of an
+    incremental one, with its chain applied (see :func:`flattened_source`)."""
     from de_store.saver import shards  # imports TensorFlow (string key hashing)
 
     folder, manifest = read_manifest(backend, name)
+    if manifest.incremental:
+        return flattened_source(backend, name)
     folder_backend = backend.sub(folder)
 
     def loader(record: Any) -> Callable[[], Any]:
@@ -168,13 +183,8 @@ def write_checkpoint(
 ) -> None:
     """Write ``variables`` as the new committed checkpoint ``name`` in ``format_name``."""
     from de_store.saver import shards
-    from de_store.saver.rows import ShardRows, VariableRows
 
-    if backend.exists(name):
-        raise CheckpointError(
-            f"{backend.url.rstrip('/')}/{name} exists already: convert writes a new checkpoint"
-        )
-    strategy = commit_strategy(backend, name)
+    strategy = _new_checkpoint(backend, name)
     staging = backend.sub(strategy.staging)
     proc_size = max(v.proc_size for v in variables)
     entries: dict[int, dict[str, VariableEntry]] = {r: {} for r in range(proc_size)}
@@ -203,10 +213,29 @@ def write_checkpoint(
             ]
             entries[rank][var.name] = shards.entry_for(rows, records, format_name)
             progress.update(len(records))
-    ranks = [RankManifest(r, proc_size, entries[r]) for r in range(proc_size)]
+    _commit(strategy, entries, metadata)
+
+
+def _commit(
+    strategy: CommitStrategy,
+    entries: dict[int, dict[str, VariableEntry]],
+    metadata: dict[str, Any] | None,
+) -> None:
+    """Write each rank's manifest into the staging folder, then merge and commit them."""
+    staging = strategy.backend.sub(strategy.staging)
+    ranks = [RankManifest(r, len(entries), entries[r]) for r in range(len(entries))]
     for manifest in ranks:
         staging.write_bytes(f"_ranks/rank-{manifest.rank:05d}.json", to_json(manifest))
     strategy.commit(merge_rank_manifests(ranks, metadata=metadata))
+
+
+def _new_checkpoint(backend: Backend, name: str) -> CommitStrategy:
+    """The commit strategy of the new checkpoint ``name``; an error if it exists already."""
+    if backend.exists(name):
+        raise CheckpointError(
+            f"{backend.url.rstrip('/')}/{name} exists already: convert writes a new checkpoint"
+        )
+    return commit_strategy(backend, name)
 
 
 def write_tfra(
@@ -237,6 +266,354 @@ def write_tfra(
 
 def _value_schema(var: SourceVariable) -> pa.Schema:
     return tfra.SchemaInfo(var.name, var.dim, var.key_dtype, var.value_dtype).arrow_schema()
+
+
+# --- flattening a chain of incremental checkpoints ---------------------------------------
+#: About how many rows of a variable :func:`compact` merges at a time.
+GROUP_ROWS = 1 << 20
+
+
+@dataclasses.dataclass
+class ChainVariable:
+    """One variable of a checkpoint with its chain: the full link, then its deltas in order.
+
+    Rows are merged one key group (``hash(key) mod groups``) at a time; ``columns`` are
+    those of the newest link.
+    """
+
+    name: str
+    key_dtype: str
+    value_dtype: str
+    dim: int
+    columns: dict[str, ColumnSpec]
+    links: list[tuple[str, VariableEntry]]  # (checkpoint folder, entry), oldest first
+    groups: int
+
+
+def chain_source(
+    backend: Backend, name: str, *, group_rows: int = GROUP_ROWS
+) -> tuple[Manifest, list[ChainVariable]]:
+    """The manifest of the committed checkpoint ``name`` and the chain of each variable.
+
+    Raises
+    ------
+    CheckpointNotFoundError, CheckpointError
+        ``name`` or a link of a chain is missing or uncommitted (the message names it).
+    """
+    from de_store.saver.chain import resolve_chain
+
+    _, manifest = read_manifest(backend, name)
+    out = []
+    for var_name in sorted(manifest.variables):
+        links = resolve_chain(backend, name, var_name, RetryPolicy())
+        newest = links[-1][1]
+        _check_links(links, f"{backend.url.rstrip('/')}/{name}")
+        rows = max(entry.rows for _, entry in links)
+        out.append(
+            ChainVariable(
+                var_name,
+                newest.key_dtype,
+                newest.value_dtype,
+                newest.dim,
+                dict(newest.columns),
+                links,
+                choose_num_buckets(rows * MIN_ROWS_PER_BUCKET // max(group_rows, 1)),
+            )
+        )
+    return manifest, out
+
+
+def _check_links(links: list[tuple[str, VariableEntry]], where: str) -> None:
+    newest = links[-1][1]
+    for folder, entry in links:
+        mine = (entry.key_dtype, entry.value_dtype, entry.dim)
+        if mine != (newest.key_dtype, newest.value_dtype, newest.dim) or any(
+            newest.columns.get(c, spec) != spec for c, spec in entry.columns.items()
+        ):
+            raise CheckpointError(
+                f"variable {newest.name!r} of {where}: link {folder} of its chain holds "
+                f"(key_dtype, value_dtype, dim, columns) = {(*mine, entry.columns)}, the "
+                f"newest link {(newest.key_dtype, newest.value_dtype, newest.dim, newest.columns)}"
+            )
+
+
+class _RecordGroups:
+    """The rows of one shard file, one key group at a time.
+
+    A file bucketed as finely as the groups (its bucket count a multiple of theirs) holds
+    each group in its own parts. A coarser one, a small delta, is read once per class of
+    groups it cannot tell apart (``group mod step``) and kept while the groups stay in it.
+    """
+
+    def __init__(
+        self, folder: Backend, record: ShardRecord, key_dtype: str, groups: int, buffer_size: int
+    ) -> None:
+        self.folder, self.record, self.key_dtype = folder, record, key_dtype
+        self.groups, self.buffer_size = groups, buffer_size
+        self.step = math.gcd(record.num_buckets, groups)
+        self._class = -1
+        self._rows: ShardRows | None = None
+        self._ends = np.zeros(0, np.int64)
+
+    def rows(self, group: int) -> ShardRows | None:
+        if group % self.step != self._class:
+            self._load(group % self.step)
+        if self._rows is None or self.step == self.groups:
+            return self._rows
+        end = int(self._ends[group])
+        start = end - int(np.diff(self._ends, prepend=0)[group])
+        return ShardRows(
+            self._rows.keys[start:end], {c: v[start:end] for c, v in self._rows.columns.items()}
+        )
+
+    def _load(self, klass: int) -> None:
+        from de_store.saver import shards
+
+        self._class, self._rows = klass, None
+        parts = [i for i, b in enumerate(self.record.part_buckets) if b % self.step == klass]
+        if not parts:
+            return
+        batches = list(
+            shards.read_shard_rows(self.folder, self.record, parts, buffer_size=self.buffer_size)
+        )
+        keys, columns = _concat_rows([(b.keys, b.columns) for b in batches], self.record.info)
+        if self.step < self.groups:  # order the class's rows by group, once
+            buckets = key_hash_mod(keys, self.groups, self.key_dtype)
+            order, counts = bucket_order(buckets, self.groups)
+            keys, columns = keys[order], {c: v[order] for c, v in columns.items()}
+            self._ends = np.cumsum(counts)
+        self._rows = ShardRows(keys, columns)
+
+
+def merged_groups(
+    backend: Backend, var: ChainVariable, *, buffer_size: int = 65536
+) -> Iterator[tuple[int, ShardRows]]:
+    """``(group, rows)``: the variable's rows as restoring its chain gives them, per group.
+
+    Per group: the full link's rows, then for each delta in order its tombstones removed
+    and its rows upserted (the last write wins). A column a link lacks reads as zeros.
+    """
+    readers = []
+    for folder, entry in var.links:
+        sub = backend.sub(folder)
+        rows = [_RecordGroups(sub, r, var.key_dtype, var.groups, buffer_size) for r in entry.shards]
+        removed = [
+            _RecordGroups(sub, r, var.key_dtype, var.groups, buffer_size) for r in entry.removed
+        ]
+        readers.append((rows, removed))
+    steps = sorted({r.step for rows, removed in readers for r in rows + removed})
+    # groups in mixed-radix order: each coarse file's class stays the same for a run
+    for group in sorted(range(var.groups), key=lambda g: (*(g % s for s in steps), g)):
+        merged = _empty_rows(var)
+        for rows, removed in readers:
+            drop = [r.keys for reader in removed if (r := reader.rows(group)) is not None]
+            update = [r for reader in rows if (r := reader.rows(group)) is not None]
+            merged = _apply(merged, drop, [_with_columns(r, var) for r in update])
+        yield group, merged
+
+
+def _empty_rows(var: ChainVariable) -> ShardRows:
+    keys = np.zeros(0, object if var.key_dtype == "string" else numpy_dtype(var.key_dtype))
+    columns = {c: np.zeros((0, s.dim), numpy_dtype(s.dtype)) for c, s in var.columns.items()}
+    return ShardRows(keys, columns)
+
+
+def _with_columns(rows: ShardRows, var: ChainVariable) -> ShardRows:
+    """``rows`` with exactly ``var``'s columns: one the link lacks is zeros."""
+    columns = {
+        c: rows.columns[c]
+        if c in rows.columns
+        else np.zeros((rows.rows, s.dim), numpy_dtype(s.dtype))
+        for c, s in var.columns.items()
+    }
+    return ShardRows(rows.keys, columns)
+
+
+def _apply(base: ShardRows, removed: list[np.ndarray], updates: list[ShardRows]) -> ShardRows:
+    """``base`` without the ``removed`` keys, then with ``updates`` upserted."""
+    if not removed and not updates:
+        return base
+    parts = [base, *updates]
+    drop = [*removed, *(u.keys for u in updates)]
+    if base.rows and drop:
+        keep = ~np.isin(base.keys, np.concatenate(drop))
+        parts[0] = ShardRows(base.keys[keep], {c: v[keep] for c, v in base.columns.items()})
+    keys = np.concatenate([p.keys for p in parts])
+    columns = {c: np.concatenate([p.columns[c] for p in parts]) for c in base.columns}
+    return ShardRows(keys, columns)
+
+
+def write_flattened(
+    variables: list[ChainVariable],
+    source: Backend,
+    backend: Backend,
+    name: str,
+    format_name: str | None,
+    *,
+    buffer_size: int = 65536,
+    metadata: dict[str, Any] | None = None,
+    progress: Progress = NO_PROGRESS,
+) -> None:
+    """Write the flattened chains of ``variables`` as the new full checkpoint ``name``.
+
+    One shard file per key group, all of rank 0: a restore into any number of processes
+    and shards reads its buckets as from any full checkpoint. ``format_name`` None: the
+    format of each variable's newest link.
+    """
+    from de_store.saver import shards
+
+    strategy = _new_checkpoint(backend, name)
+    staging = backend.sub(strategy.staging)
+    entries: dict[str, VariableEntry] = {}
+    for var in variables:
+        fmt = format_name or var.links[-1][1].format
+        records = []
+        for group, merged in merged_groups(source, var, buffer_size=buffer_size):
+            rows = VariableRows(
+                var.name, var.key_dtype, var.value_dtype, var.dim, var.columns, [merged]
+            )
+            records.append(
+                shards.write_shard(
+                    staging,
+                    rows,
+                    0,
+                    rank=0,
+                    global_shard=group,
+                    format_name=fmt,
+                    buffer_size=buffer_size,
+                )
+            )
+            progress.update(1)
+        records.sort(key=lambda r: r.shard)
+        schema = VariableRows(var.name, var.key_dtype, var.value_dtype, var.dim, var.columns, [])
+        entries[var.name] = shards.entry_for(schema, records, fmt)
+    _commit(strategy, {0: entries}, metadata)
+
+
+def compact(
+    url: str,
+    out_url: str,
+    *,
+    format: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    names: Sequence[str] = (),
+    values_only: bool = False,
+    buffer_size: int = 65536,
+    group_rows: int = GROUP_ROWS,
+    metadata: dict[str, Any] | None = None,
+    progress: Progress = NO_PROGRESS,
+) -> str:
+    """Write the checkpoint ``url``, with its chain applied, as the new full checkpoint
+    ``out_url``; return ``out_url``.
+
+    The result holds what restoring ``url`` gives (the full link, then each delta's
+    removals and rows in order), through the same commit protocol as a save. Rows are
+    merged in numpy one key group at a time, so memory stays bounded by about
+    ``group_rows`` rows (plus the rows of the deltas for that group), whatever the size
+    of the table. No TensorFlow table is involved.
+
+    Parameters
+    ----------
+    url:
+        A committed checkpoint, full or incremental.
+    out_url:
+        The new checkpoint folder; it must not exist yet.
+    format:
+        Shard format of the output; default: that of the newest link of each variable.
+    storage_options:
+        fsspec options for both URLs.
+    names:
+        Only these variables (default: all).
+    values_only:
+        Drop the extra columns (optimizer slots, status).
+    buffer_size:
+        Rows per part written and most rows per batch read.
+    group_rows:
+        About how many rows are merged at a time.
+    metadata:
+        Stored in the new manifest (default: ``{"compacted_from": url}``).
+    progress:
+        Advanced by one per key group written.
+
+    Raises
+    ------
+    CheckpointNotFoundError, CheckpointError
+        ``url`` or a link of its chain is missing or uncommitted (the message names the
+        link and the checkpoint that depends on it); ``out_url`` exists already.
+    """
+    source, name = open_location(url, storage_options)
+    _, variables = chain_source(source, name, group_rows=group_rows)
+    if names:
+        variables = _select(variables, tuple(names), url)
+    if values_only:
+        variables = [
+            dataclasses.replace(v, columns={"value": v.columns["value"]}) for v in variables
+        ]
+    for var in variables:
+        _check_columns(var.name, var.key_dtype, var.columns, format or var.links[-1][1].format)
+    target, out_name = open_location(out_url, storage_options)
+    write_flattened(
+        variables,
+        source,
+        target,
+        out_name,
+        format,
+        buffer_size=buffer_size,
+        metadata={"compacted_from": url} if metadata is None else metadata,
+        progress=progress,
+    )
+    return out_url
+
+
+def flattened_source(backend: Backend, name: str) -> list[SourceVariable]:
+    """The variables of the checkpoint ``name`` with their chains applied, for the TFRA
+    writer: rank ``r`` of the newest link's ``proc_size`` gets the keys of
+    ``default_partition_fn``, its table ``i`` those with ``key mod tables == i``."""
+    manifest, chains = chain_source(backend, name)
+    out = []
+    for var in chains:
+        newest = var.links[-1][1]
+        tables = max(
+            1, max(sum(r.rank == rank for r in newest.shards) for rank in range(manifest.proc_size))
+        )
+        rank_rows = _RankRows(backend, var, manifest.proc_size)
+        by_rank: dict[int, list[tuple[int, Callable[[], Any]]]] = {
+            rank: [
+                (rank * tables + i, functools.partial(rank_rows.table, rank, i, tables))
+                for i in range(tables)
+            ]
+            for rank in range(manifest.proc_size)
+        }
+        out.append(
+            SourceVariable(
+                var.name,
+                var.key_dtype,
+                var.value_dtype,
+                var.dim,
+                var.columns,
+                manifest.proc_size,
+                by_rank,
+            )
+        )
+    return out
+
+
+class _RankRows:
+    """A flattened variable's rows of one rank at a time (the one last asked for)."""
+
+    def __init__(self, backend: Backend, var: ChainVariable, proc_size: int) -> None:
+        self.backend, self.var, self.proc_size = backend, var, proc_size
+        self._rank, self._rows = -1, _empty_rows(var)
+
+    def table(self, rank: int, index: int, tables: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        if rank != self._rank:
+            groups = [rows for _, rows in merged_groups(self.backend, self.var)]
+            rows = _apply(_empty_rows(self.var), [], groups)
+            mine = key_hash_mod(rows.keys, self.proc_size, self.var.key_dtype) == rank
+            self._rank = rank
+            self._rows = ShardRows(rows.keys[mine], {c: v[mine] for c, v in rows.columns.items()})
+        keep = np.mod(self._rows.keys, tables) == index
+        return self._rows.keys[keep], {c: v[keep] for c, v in self._rows.columns.items()}
 
 
 # --- the command ------------------------------------------------------------------------
@@ -279,9 +656,14 @@ def open_source(
     return variables, "tfra"
 
 
-def _select(
-    variables: list[SourceVariable], names: tuple[str, ...], src: str
-) -> list[SourceVariable]:
+class _HasName(Protocol):
+    name: str
+
+
+_Named = TypeVar("_Named", bound=_HasName)
+
+
+def _select(variables: list[_Named], names: tuple[str, ...], src: str) -> list[_Named]:
     known = {v.name: v for v in variables}
     missing = [n for n in names if n not in known]
     if missing:
@@ -299,17 +681,21 @@ def check_target(
         variables = [
             dataclasses.replace(v, columns={"value": v.columns["value"]}) for v in variables
         ]
-    if to in ("binary", "tfra"):
-        for var in variables:
-            extras = sorted(c for c in var.columns if c != "value")
-            if var.key_dtype == "string" or extras:
-                raise FormatError(
-                    f"variable {var.name!r} cannot be written as {to}: it stores integer keys "
-                    f"and values only, the variable has key_dtype={var.key_dtype!r} and extra "
-                    f"columns {extras}; use --to parquet or arrow, or drop the extra columns "
-                    "with --values-only"
-                )
+    for var in variables:
+        _check_columns(var.name, var.key_dtype, var.columns, to)
     return variables
+
+
+def _check_columns(name: str, key_dtype: str, columns: dict[str, ColumnSpec], to: str) -> None:
+    """A ``FormatError`` if format ``to`` cannot hold the keys or columns of variable ``name``."""
+    extras = sorted(c for c in columns if c != "value")
+    if to in ("binary", "tfra") and (key_dtype == "string" or extras):
+        raise FormatError(
+            f"variable {name!r} cannot be written as {to}: it stores integer keys "
+            f"and values only, the variable has key_dtype={key_dtype!r} and extra "
+            f"columns {extras}; use --to parquet or arrow, or drop the extra columns "
+            "with --values-only"
+        )
 
 
 def convert(
@@ -322,7 +708,13 @@ def convert(
     values_only: bool = False,
     progress_factory: Callable[[int, str], Progress] | None = None,
 ) -> str:
-    """Convert ``src`` into ``dst`` in format ``to``; return a one-line summary."""
+    """Convert ``src`` into ``dst`` in format ``to``; return a one-line summary.
+
+    An incremental ``src`` is flattened: ``dst`` is always a full checkpoint (or TFRA files)
+    holding what restoring ``src``'s chain gives.
+    """
+    if to != "tfra" and _is_delta(src, storage_options):
+        return _flatten(src, dst, to, storage_options, tfra_options, values_only, progress_factory)
     variables, kind = open_source(src, storage_options, tfra_options)
     variables = check_target(variables, to, values_only)
     total = sum(len(loaders) for v in variables for loaders in v.shards.values())
@@ -336,3 +728,47 @@ def convert(
             variables, backend, name, to, metadata={"converted_from": src}, progress=progress
         )
     return f"converted {len(variables)} variable(s) from {kind} {src} to {to} checkpoint {dst}"
+
+
+def _is_delta(src: str, storage_options: dict[str, Any] | None) -> bool:
+    """Whether ``src`` is a committed incremental checkpoint."""
+    backend, name = open_location(src, storage_options)
+    try:
+        return read_manifest(backend, name)[1].incremental
+    except CheckpointNotFoundError:
+        return False
+
+
+def _flatten(
+    src: str,
+    dst: str,
+    to: str,
+    storage_options: dict[str, Any] | None,
+    tfra_options: TfraOptions,
+    values_only: bool,
+    progress_factory: Callable[[int, str], Progress] | None,
+) -> str:
+    if to not in TARGETS:
+        raise ValueError(f"--to must be one of {', '.join(TARGETS)}, got {to!r}")
+    backend, name = open_location(src, storage_options)
+    _, variables = chain_source(backend, name)
+    if tfra_options.names:
+        variables = _select(variables, tfra_options.names, src)
+    total = sum(v.groups for v in variables)
+    progress = progress_factory(total, "flatten (groups)") if progress_factory else NO_PROGRESS
+    with progress:
+        compact(
+            src,
+            dst,
+            format=to,
+            storage_options=storage_options,
+            names=[v.name for v in variables],
+            values_only=values_only,
+            metadata={"converted_from": src},
+            progress=progress,
+        )
+    links = max(len(v.links) for v in variables)
+    return (
+        f"flattened {len(variables)} variable(s) of incremental checkpoint {src} ({links} "
+        f"links) into full {to} checkpoint {dst}"
+    )
