@@ -13,13 +13,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from de_store.saver import core
+from de_store.saver import core, incremental
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.manifest import Manifest
-from de_store.saver.rows import export_rows
 
 _EXECUTOR_LOCK = threading.Lock()
 _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
+#: The last save submitted: an incremental save's snapshot waits for it to finish.
+_LAST: concurrent.futures.Future[str] | None = None
 
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
@@ -86,30 +87,47 @@ def save(
     saver:
         A ``FileSystemSaver`` for topology and IO options, or give its keyword arguments
         (``proc_size``, ``proc_rank``, ``format``, ``buffer_size``, ``storage_options``,
-        ``barrier``, ``barrier_timeout_s``) directly.
+        ``barrier``, ``barrier_timeout_s``, ``incremental``, ...) directly. With
+        ``incremental`` a save may be a delta on the variables' last committed checkpoint
+        (a sibling folder of ``url``); it first waits for the previous save to finish, so
+        that every rank decides on the same committed checkpoint.
     blocking:
         Wait for the commit before returning.
     metadata:
         JSON-serialisable values stored in the manifest.
     """
+    global _LAST
     saver = _saver_for(saver, saver_options)
-    rows = [export_rows(v) for v in variables]
     backend, name = core.open_location(url, saver.storage_options)
+    target = f"{backend.url.rstrip('/')}/{name}"
+    if saver.incremental is not None and _LAST is not None:
+        concurrent.futures.wait([_LAST])  # its commit sets the base (its error is its own)
+    rows = incremental.snapshots(variables, saver.incremental, target)
 
     def write() -> str:
-        core.save_checkpoint(
-            rows,
-            backend,
-            name,
-            saver.topology,
-            saver.options,
-            barrier=saver.barrier,
-            metadata=metadata,
-            job_id=saver.job_id,
-        )
+        try:
+            manifest = core.save_checkpoint(
+                rows,
+                backend,
+                name,
+                saver.topology,
+                saver.options,
+                barrier=saver.barrier,
+                metadata=metadata,
+                job_id=saver.job_id,
+            )
+        except BaseException:
+            for variable, saved in zip(variables, rows, strict=True):
+                if saved.mark is not None:
+                    incremental.record_failure(variable)
+            raise
+        if manifest is not None:
+            for variable, saved in zip(variables, rows, strict=True):
+                incremental.record_commit(variable, saved, target, manifest)
         return url
 
     future = _executor().submit(write)
+    _LAST = future
     handle = SaveHandle(url, future)
     if blocking:
         handle.result()

@@ -1,9 +1,11 @@
 """The save and restore flows, one screen each.
 
-Save (every rank):  rows -> bucketed shard files (format) -> backend -> rank manifest
-                    -> barrier -> rank 0: merge manifests -> commit;  others: wait for commit.
-Restore (any rank): committed manifest -> parts that can hold this rank's keys -> rows
-                    (checksums verified) -> only then replace the tables' content.
+Save (every rank):  rows (all, or a delta + tombstones) -> bucketed shard files (format)
+                    -> backend -> rank manifest (+ parent) -> barrier
+                    -> rank 0: merge manifests -> commit;  others: wait for commit.
+Restore (any rank): committed manifest -> its chain (full + deltas) -> parts that can hold
+                    this rank's keys -> rows (checksums verified) of every link
+                    -> only then replace the tables' content and apply the deltas in order.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from de_store.backends import Backend, open_backend
 from de_store.errors import BarrierTimeoutError, CheckpointError
 from de_store.formats import FORMATS
 from de_store.progress import Progress, progress_for
-from de_store.saver import shards
+from de_store.saver import incremental, shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
+from de_store.saver.chain import parent_reference, resolve_chain
 from de_store.saver.commit import (
     ABORT_NAME,
     RANKS_DIR,
@@ -34,13 +37,20 @@ from de_store.saver.commit import (
 from de_store.saver.manifest import (
     Manifest,
     RankManifest,
+    ShardRecord,
     VariableEntry,
     merge_rank_manifests,
     rank_manifest_from_json,
     to_json,
 )
 from de_store.saver.retry import RetryPolicy, is_transient
-from de_store.saver.rows import ShardRows, VariableRows, apply_rows, check_compatible
+from de_store.saver.rows import (
+    ShardRows,
+    VariableRows,
+    apply_delta,
+    apply_rows,
+    check_compatible,
+)
 from de_store.saver.topology import Topology
 
 #: Launch variables naming the job, tried in order when no ``job_id`` is given.
@@ -117,8 +127,13 @@ def save_checkpoint(
     barrier: Barrier | None = None,
     metadata: dict[str, Any] | None = None,
     job_id: str | None = None,
-) -> None:
-    """Write this rank's rows and, once all ranks have, commit the checkpoint ``name``."""
+) -> Manifest | None:
+    """Write this rank's rows and, once all ranks have, commit the checkpoint ``name``.
+
+    Returns the committed manifest: rank 0 always, other ranks when some rows were taken
+    for incremental saves (``VariableRows.mark``; they read it after the commit).
+    """
+    parent = _parent_of(variables, backend, name)
     strategy = commit_strategy(backend, name, job_token(topology, job_id), options.retry)
     if topology.is_chief:
         strategy.begin()  # nothing written yet: a refused save must not ABORT the other one
@@ -127,17 +142,43 @@ def save_checkpoint(
         before = options.retry.call(strategy.committed_state)
     barrier = barrier or StorageBarrier(backend, strategy.work, topology, options.retry)
     try:
-        rank_manifest = write_rank(variables, backend.sub(strategy.staging), topology, options,
-                                   _rank_manifest_path(strategy, topology.proc_rank))  # fmt: skip
+        manifest_path = _rank_manifest_path(strategy, topology.proc_rank)
+        staging = backend.sub(strategy.staging)
+        rank_manifest = write_rank(variables, staging, topology, options, manifest_path, parent)
         barrier.wait("shards-written", options.barrier_timeout_s)
         if topology.is_chief:
-            _merge_and_commit(strategy, topology, rank_manifest, metadata)
+            return _merge_and_commit(strategy, topology, rank_manifest, metadata)
     except BaseException as err:
         if topology.is_chief:
             strategy.abort(f"rank 0 failed before commit: {err!r}")
         raise
-    if not topology.is_chief:
-        _wait_for_commit(strategy, topology, options.barrier_timeout_s, before)
+    _wait_for_commit(strategy, topology, options.barrier_timeout_s, before)
+    if all(rows.mark is None for rows in variables):
+        return None
+    return options.retry.call(lambda: read_manifest(backend, name))[1]
+
+
+def _parent_of(
+    variables: Sequence[VariableRows], backend: Backend, name: str
+) -> tuple[str | None, float | None]:
+    """``(parent, parent_created)`` of the checkpoint: the base of its deltas, a sibling."""
+    bases = {(rows.base.url, rows.base.created) for rows in variables if rows.base is not None}
+    if not bases:
+        return None, None
+    where = f"{backend.url.rstrip('/')}/{name.strip('/')}"
+    if len(bases) > 1:
+        raise CheckpointError(
+            f"cannot save {where}: its variables are deltas on different checkpoints "
+            f"{sorted(url for url, _ in bases)}; a checkpoint's deltas have one parent"
+        )
+    (url, created), = bases  # fmt: skip
+    if not incremental.is_sibling(url, where):
+        raise CheckpointError(
+            f"cannot save {where} as a delta on {url}: an incremental save goes to a new "
+            "folder beside its base (async snapshots are taken before the folder is known: "
+            "save each into a new folder, as CheckpointManager does)"
+        )
+    return parent_reference(url, where), created
 
 
 def write_rank(
@@ -146,33 +187,52 @@ def write_rank(
     topology: Topology,
     options: IOOptions,
     manifest_path: str,
+    parent: tuple[str | None, float | None] = (None, None),
 ) -> RankManifest:
     """Write every shard of this rank under ``backend`` (the staging folder), then its rank
     manifest at ``manifest_path``. Shard paths are relative to the checkpoint folder, so a
-    rename keeps them. Each shard file is one retried step (a new file name per attempt)."""
+    rename keeps them. Each shard file is one retried step (a new file name per attempt).
+    A delta's removed keys go to tombstone shards (none for a shard without removals)."""
     entries = {}
-    total = sum(shard.rows for rows in variables for shard in rows.shards)
-    bar = progress_for(total, "save", quiet=not options.progress, unit="rows")
+    bar = progress_for(sum(r.rows for r in variables), "save", quiet=not options.progress,
+                       unit="rows")  # fmt: skip
     for rows in variables:
-        write = functools.partial(
-            shards.write_shard,
-            backend,
-            rows,
-            rank=topology.proc_rank,
-            format_name=options.format,
-            buffer_size=options.buffer_size,
-        )
-        records = []
-        for index in range(len(rows.shards)):
-            shard = topology.proc_rank * len(rows.shards) + index
-            records.append(options.retry.call(functools.partial(write, index, global_shard=shard)))
-            bar.update(rows.shards[index].rows)
-        entries[rows.name] = shards.entry_for(rows, records, options.format)
+        records = _write_shards(backend, rows, topology, options, bar, kind="")
+        removed = _write_shards(backend, shards.tombstone_rows(rows), topology, options, bar,
+                                kind="removed-")  # fmt: skip
+        entries[rows.name] = shards.entry_for(rows, records, options.format, removed)
     bar.close()
-    manifest = RankManifest(topology.proc_rank, topology.proc_size, entries)
+    manifest = RankManifest(topology.proc_rank, topology.proc_size, entries, *parent)
     data = to_json(manifest)
     options.retry.call(lambda: backend.write_bytes(manifest_path, data))
     return manifest
+
+
+def _write_shards(
+    backend: Backend,
+    rows: VariableRows,
+    topology: Topology,
+    options: IOOptions,
+    bar: Progress,
+    kind: str,
+) -> list[ShardRecord]:
+    write = functools.partial(
+        shards.write_shard,
+        backend,
+        rows,
+        rank=topology.proc_rank,
+        format_name=options.format,
+        buffer_size=options.buffer_size,
+        kind=kind,
+    )
+    records = []
+    for index, shard_rows in enumerate(rows.shards):
+        if kind and not shard_rows.rows:
+            continue  # no tombstone file without removed keys
+        shard = topology.proc_rank * len(rows.shards) + index
+        records.append(options.retry.call(functools.partial(write, index, global_shard=shard)))
+        bar.update(shard_rows.rows)
+    return records
 
 
 def _rank_manifest_path(strategy: CommitStrategy, rank: int) -> str:
@@ -186,7 +246,7 @@ def _merge_and_commit(
     topology: Topology,
     own: RankManifest,
     metadata: dict[str, Any] | None,
-) -> None:
+) -> Manifest:
     staging = strategy.backend.sub(strategy.staging)
     retry = strategy.retry
     ranks = [own]
@@ -196,7 +256,9 @@ def _merge_and_commit(
         ranks.append(rank_manifest_from_json(data, f"{staging.url}/{path}"))
     work = strategy.backend.sub(strategy.work)
     retry.call(lambda: work.delete(BARRIER_DIR, recursive=True))  # every rank has arrived
-    strategy.commit(merge_rank_manifests(ranks, metadata=metadata))
+    manifest = merge_rank_manifests(ranks, metadata=metadata)
+    strategy.commit(manifest)
+    return manifest
 
 
 def _wait_for_commit(
@@ -241,29 +303,79 @@ def restore_checkpoint(
     topology: Topology,
     options: IOOptions,
 ) -> Manifest:
-    """Restore each variable's keys that belong to this rank; all or nothing."""
+    """Restore each variable's keys that belong to this rank; all or nothing.
+
+    An incremental checkpoint restores its chain: every link's rows are read first, then
+    the full link replaces the tables' content and each delta applies in order. Afterwards
+    each variable's next incremental save is a delta on this checkpoint.
+    """
     folder, manifest = options.retry.call(lambda: read_manifest(backend, name))
     where = f"{backend.url.rstrip('/')}/{name}"
-    entries = [manifest.variable(v.name, where) for v in variables]
-    for variable, entry in zip(variables, entries, strict=True):
-        check_compatible(variable, entry, where)
-    total = sum(record.rows for entry in entries for record in entry.shards)
+    chains = [_chain_of(backend, name, folder, manifest, v.name, options) for v in variables]
+    for variable, chain in zip(variables, chains, strict=True):
+        for link, entry in chain:
+            check_compatible(variable, entry, f"{backend.url.rstrip('/')}/{link}")
+    total = sum(entry.rows + entry.removed_rows for chain in chains for _, entry in chain)
     with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
-        loaded = [_read_entry(backend.sub(folder), e, topology, options, bar) for e in entries]
-    for variable, entry, rows in zip(variables, entries, loaded, strict=True):
-        apply_rows(variable, entry.columns, rows)
+        loaded = [
+            [_read_link(backend.sub(link), entry, topology, options, bar) for link, entry in chain]
+            for chain in chains
+        ]
+    for variable, chain, links in zip(variables, chains, loaded, strict=True):
+        _apply_chain(variable, [entry for _, entry in chain], links)
+        incremental.record_restore(variable, where, manifest, [entry for _, entry in chain])
     return manifest
 
 
-def _read_entry(
+def _chain_of(
+    backend: Backend,
+    name: str,
+    folder: str,
+    manifest: Manifest,
+    variable_name: str,
+    options: IOOptions,
+) -> list[tuple[str, VariableEntry]]:
+    entry = manifest.variable(variable_name, f"{backend.url.rstrip('/')}/{name}")
+    if not entry.incremental:
+        return [(folder, entry)]
+    return resolve_chain(backend, name, variable_name, options.retry)
+
+
+def _apply_chain(
+    variable: Any,
+    entries: list[VariableEntry],
+    links: list[tuple[list[ShardRows], list[ShardRows]]],
+) -> None:
+    """The full link replaces the content; each delta removes its keys, upserts its rows."""
+    reserve = sum(sum(batch.rows for batch in rows) for rows, _ in links)
+    apply_rows(variable, entries[0].columns, links[0][0], reserve)
+    for entry, (rows, removed) in zip(entries[1:], links[1:], strict=True):
+        apply_delta(variable, entry.columns, rows, removed)
+
+
+def _read_link(
     folder: Backend,
     entry: VariableEntry,
     topology: Topology,
     options: IOOptions,
     bar: Progress,
+) -> tuple[list[ShardRows], list[ShardRows]]:
+    """This rank's rows and removed keys (tombstones) of one link."""
+    rows = _read_records(folder, entry.shards, entry.key_dtype, topology, options, bar)
+    removed = _read_records(folder, entry.removed, entry.key_dtype, topology, options, bar)
+    return rows, removed
+
+
+def _read_records(
+    folder: Backend,
+    records: list[ShardRecord],
+    key_dtype: str,
+    topology: Topology,
+    options: IOOptions,
+    bar: Progress,
 ) -> list[ShardRows]:
     out = []
-    for record in entry.shards:
+    for record in records:
         parts = shards.parts_for_rank(record, topology.proc_rank, topology.proc_size)
         if not parts:
             bar.update(record.rows)
@@ -271,9 +383,7 @@ def _read_entry(
         read = functools.partial(_read_parts, folder, record, parts, options)
         for rows in options.retry.call(read):
             out.append(
-                shards.select_rank_rows(
-                    rows, entry.key_dtype, topology.proc_rank, topology.proc_size
-                )
+                shards.select_rank_rows(rows, key_dtype, topology.proc_rank, topology.proc_size)
             )
         bar.update(record.rows)  # shards done, of all the checkpoint's
     return out

@@ -12,6 +12,7 @@ from typing import Any
 
 from de_store.saver.barrier import Barrier
 from de_store.saver.core import IOOptions
+from de_store.saver.incremental import IncrementalPolicy, policy_of
 from de_store.saver.retry import RetryPolicy
 from de_store.saver.topology import Topology, detect_topology
 
@@ -55,6 +56,10 @@ class FileSystemSaver:
         job stage in their own folder, apart from another job saving the same checkpoint.
         Detected from launch variables (``core.JOB_ID_VARIABLES``) when not given; a single
         process needs none (each save draws its own).
+    incremental:
+        Save only what changed since the variable's last committed checkpoint (a delta on
+        it), with full saves as the ``IncrementalPolicy`` says; ``True`` is the default
+        policy, ``False`` (default) saves every row each time. See docs/checkpoints.md.
     """
 
     def __init__(
@@ -70,6 +75,7 @@ class FileSystemSaver:
         retry: RetryPolicy | None = None,
         job_id: str | None = None,
         progress: bool = False,
+        incremental: IncrementalPolicy | bool = False,
     ) -> None:
         self.options = IOOptions(
             format, buffer_size, barrier_timeout_s, retry or RetryPolicy(), progress
@@ -81,6 +87,8 @@ class FileSystemSaver:
         self.storage_options = dict(storage_options or {})
         self.barrier = barrier
         self.job_id = job_id
+        #: The incremental policy, or None when every save is full.
+        self.incremental: IncrementalPolicy | None = policy_of(incremental)
 
     @property
     def proc_size(self) -> int:
@@ -104,5 +112,5 @@ class FileSystemSaver:
         return (
             f"FileSystemSaver(proc_size={self.proc_size}, proc_rank={self.proc_rank}, "
             f"save_path={self.save_path!r}, buffer_size={self.buffer_size}, "
-            f"format={self.options.format!r})"
+            f"format={self.options.format!r}, incremental={self.incremental!r})"
         )

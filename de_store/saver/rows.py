@@ -2,19 +2,24 @@
 
 A :class:`VariableRows` holds, per table shard, the keys and every per-key column: the
 ``value`` rows and the companions' rows (optimizer slots, restrict status) for the same keys.
+A delta (:func:`export_delta`) holds only the rows changed since a mark, and the keys
+removed since.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from de_store.errors import CheckpointError
 from de_store.saver.manifest import ColumnSpec, VariableEntry
+
+if TYPE_CHECKING:
+    from de_store.saver.incremental import ChangeBase
 
 VALUE_COLUMN = "value"
 #: Rows per upsert on restore: large enough to amortise the per-call cost, small enough
@@ -46,6 +51,23 @@ class VariableRows:
     dim: int
     columns: dict[str, ColumnSpec]
     shards: list[ShardRows]
+    #: A delta: per shard, the keys removed since ``base``; None for a full save.
+    removed: list[np.ndarray] | None = None
+    #: The snapshot mark (``Variable.next_change_epoch``) when the variable tracks changes
+    #: for incremental saves: what the next delta is taken since, once this one commits.
+    mark: int | None = None
+    #: A delta's base: the committed checkpoint it applies on.
+    base: ChangeBase | None = None
+
+    @property
+    def incremental(self) -> bool:
+        return self.removed is not None
+
+    @property
+    def rows(self) -> int:
+        """Rows to write, tombstones included."""
+        removed = sum(len(keys) for keys in self.removed or [])
+        return sum(shard.rows for shard in self.shards) + removed
 
 
 def column_specs(variable: Any) -> dict[str, ColumnSpec]:
@@ -77,16 +99,53 @@ def _add_companions(variable: Any, index: int, keys: np.ndarray, columns: dict) 
         columns[column] = np.asarray(found)
 
 
-def export_rows(variable: Any) -> VariableRows:
-    """Read a variable's shards eagerly (a save's snapshot); see :func:`export_shard`."""
+def export_shard_changes(variable: Any, index: int, since: int) -> tuple[ShardRows, np.ndarray]:
+    """The rows of shard ``index`` changed after epoch ``since`` and the keys removed since.
+
+    Changed: written to the value table or to any companion (an optimizer step may change
+    only a slot); only keys still in the value table are kept, with all their columns.
+    """
+    shard = variable.shards[index]
+    with tf.device(variable.devices[index]):
+        keys_t, values_t, removed_t = shard.export_changes(since)
+        keys, values = np.asarray(keys_t), np.asarray(values_t)
+        others = [
+            np.asarray(companion.shards[index].export_changes(since)[0])
+            for companion in variable.companions().values()
+        ]
+        extra = np.setdiff1d(np.concatenate([keys[:0], *others]), keys) if others else keys[:0]
+        if len(extra):  # keys whose value row did not change: read it
+            found, exists = (np.asarray(t) for t in shard.lookup(tf.constant(extra)))
+            keys = np.concatenate([keys, extra[exists]])
+            values = np.concatenate([values, found[exists]])
+        columns = {VALUE_COLUMN: values}
+        _add_companions(variable, index, keys, columns)
+    return ShardRows(keys, columns), np.asarray(removed_t)
+
+
+def export_delta(variable: Any, since: int) -> VariableRows:
+    """A variable's changes after epoch ``since`` (eagerly; see :func:`export_shard_changes`)."""
+    changes = [export_shard_changes(variable, i, since) for i in range(len(variable.shards))]
+    return dataclasses.replace(
+        _rows_of(variable, [rows for rows, _ in changes]),
+        removed=[removed for _, removed in changes],
+    )
+
+
+def _rows_of(variable: Any, shards: list[ShardRows]) -> VariableRows:
     return VariableRows(
         name=variable.name,
         key_dtype=variable.key_dtype.name,
         value_dtype=variable.value_dtype.name,
         dim=variable.dim,
         columns=column_specs(variable),
-        shards=[export_shard(variable, i) for i in range(len(variable.shards))],
+        shards=shards,
     )
+
+
+def export_rows(variable: Any) -> VariableRows:
+    """Read a variable's shards eagerly (a save's snapshot); see :func:`export_shard`."""
+    return _rows_of(variable, [export_shard(variable, i) for i in range(len(variable.shards))])
 
 
 def check_compatible(variable: Any, entry: VariableEntry, where: str) -> None:
@@ -111,16 +170,43 @@ def check_compatible(variable: Any, entry: VariableEntry, where: str) -> None:
             )
 
 
-def apply_rows(variable: Any, specs: dict[str, ColumnSpec], batches: Sequence[ShardRows]) -> None:
-    """Replace the variable's content (and companions') with the restored rows."""
+def apply_rows(
+    variable: Any, specs: dict[str, ColumnSpec], batches: Sequence[ShardRows], reserve: int = 0
+) -> None:
+    """Replace the variable's content (and companions') with the restored rows; grow the
+    tables for ``reserve`` rows (at least the rows given) first."""
     variable.clear()
+    targets = _targets(variable, specs)
+    total = max(reserve, sum(batch.rows for batch in batches))
+    for target in targets.values():
+        _reserve(target, total)
+    upsert_rows(targets, batches)
+
+
+def apply_delta(
+    variable: Any,
+    specs: dict[str, ColumnSpec],
+    batches: Sequence[ShardRows],
+    removed: Sequence[ShardRows],
+) -> None:
+    """Apply one link of a chain on top of the restored rows: drop ``removed``'s keys
+    (with their companion rows), then upsert ``batches``."""
+    for batch in coalesce(removed, UPSERT_ROWS):
+        variable.remove(tf.constant(batch.keys))
+    upsert_rows(_targets(variable, specs), batches)
+
+
+def _targets(variable: Any, specs: dict[str, ColumnSpec]) -> dict[str, Any]:
+    """The table of each column: the variable for ``value``, else its companion."""
     targets = {VALUE_COLUMN: variable}
     for column, spec in specs.items():
         if column != VALUE_COLUMN:
             targets[column] = variable.companion(column, spec.dim, tf.as_dtype(spec.dtype))
-    total = sum(batch.rows for batch in batches)
-    for target in targets.values():
-        _reserve(target, total)
+    return targets
+
+
+def upsert_rows(targets: dict[str, Any], batches: Iterable[ShardRows]) -> None:
+    """Upsert every column of ``batches`` into its table, in large batches."""
     for batch in coalesce(batches, UPSERT_ROWS):
         keys = tf.constant(batch.keys)
         for column, target in targets.items():

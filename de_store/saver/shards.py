@@ -1,7 +1,8 @@
 """Shard files: rows grouped by key bucket on write; only the needed buckets on read.
 
 Each bucket (see :mod:`de_store.saver.buckets`) is written as its own part(s), and the
-manifest records the bucket of every part.
+manifest records the bucket of every part. A delta's removed keys are written the same way
+as tombstone shards (:func:`write_tombstones`), so a restoring rank reads only its buckets.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from de_store.formats import get_format
 from de_store.formats.base import ExtraColumn, SchemaInfo, ShardInfo
 from de_store.formats.batches import batch_from_numpy, batch_to_numpy
 from de_store.saver.buckets import choose_num_buckets, group_by_bucket, key_hash_mod
-from de_store.saver.manifest import ShardRecord, VariableEntry
+from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.saver.rows import VALUE_COLUMN, ShardRows, VariableRows
+
+#: The value column of a tombstone shard: formats need one; it holds zeros.
+TOMBSTONE_COLUMN = ColumnSpec("int64", 1)
 
 
 def schema_info(rows: VariableRows, shard_id: int) -> SchemaInfo:
@@ -75,15 +79,19 @@ def write_shard(
     global_shard: int,
     format_name: str,
     buffer_size: int,
+    kind: str = "",
 ) -> ShardRecord:
-    """Write one table shard as one file of bucket-ordered parts; return its record."""
+    """Write one table shard as one file of bucket-ordered parts; return its record.
+
+    ``kind`` prefixes the file name ("removed-" for tombstones).
+    """
     shard = rows.shards[shard_index]
     if rows.key_dtype == "string":
         shard = dataclasses.replace(shard, keys=_string_keys(shard.keys))
     fmt = get_format(format_name)
     info = schema_info(rows, global_shard)
     # a per-save unique suffix: a rewrite never overwrites a committed generation's files
-    name = f"r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}{fmt.suffix}"
+    name = f"{kind}r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}{fmt.suffix}"
     path = f"{_variable_dir(rows.name)}/{name}"
     part_buckets: list[int] = []
     batches = _bucketed_batches(
@@ -101,11 +109,26 @@ def write_shard(
     )
 
 
+def tombstone_rows(rows: VariableRows) -> VariableRows:
+    """The removed keys of a delta as rows of their own (one zero int64 per key)."""
+    shards = [
+        ShardRows(keys, {VALUE_COLUMN: np.zeros((len(keys), 1), np.int64)})
+        for keys in rows.removed or []
+    ]
+    return VariableRows(rows.name, rows.key_dtype, TOMBSTONE_COLUMN.dtype, TOMBSTONE_COLUMN.dim,
+                        {VALUE_COLUMN: TOMBSTONE_COLUMN}, shards)  # fmt: skip
+
+
 def _variable_dir(name: str) -> str:
     return name.replace("/", "__")
 
 
-def entry_for(rows: VariableRows, records: list[ShardRecord], format_name: str) -> VariableEntry:
+def entry_for(
+    rows: VariableRows,
+    records: list[ShardRecord],
+    format_name: str,
+    removed: list[ShardRecord] | None = None,
+) -> VariableEntry:
     return VariableEntry(
         name=rows.name,
         key_dtype=rows.key_dtype,
@@ -115,6 +138,8 @@ def entry_for(rows: VariableRows, records: list[ShardRecord], format_name: str) 
         format=format_name,
         shard_count=len(records),
         shards=records,
+        incremental=rows.incremental,
+        removed=list(removed or []),
     )
 
 

@@ -9,7 +9,9 @@ Async checkpoints (``CheckpointOptions(enable_async=True)``): TF first calls eac
 ``_copy_trackable_to_cpu`` in the main thread (traced once into a ``tf.function``), then
 saves the copies in a background thread. The copy is a :class:`VariableSnapshot`; its
 capture runs in a ``tf.py_function``, so every save replays it and reads the tables as they
-are at ``save()`` time, while training goes on.
+are at ``save()`` time, while training goes on. With an incremental saver the capture takes
+the snapshot mark and reads only the delta (TF waits for the previous save to finish before
+capturing, so the base is that save once committed).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from tensorflow.python.ops import io_ops
 from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
-from de_store.saver import core, gc
+from de_store.saver import core, gc, incremental
 from de_store.saver.filesystem_saver import FileSystemSaver
-from de_store.saver.rows import VariableRows, export_rows
+from de_store.saver.rows import VariableRows
 
 PACKAGE, NAME = "de_store", "DynamicEmbedding"
 _SUFFIX = f"-{PACKAGE}.{NAME}"
@@ -44,12 +46,13 @@ class VariableSnapshot(trackable_base.Trackable):
     def capture(self) -> None:
         """Read the tables now; inside a ``tf.function`` this runs at every call."""
         if tf.executing_eagerly():
-            self.rows = export_rows(self.variable)
+            self._capture_eagerly()
             return
         tf.py_function(self._capture_eagerly, [], Tout=[])
 
     def _capture_eagerly(self) -> list[Any]:
-        self.rows = export_rows(self.variable)
+        # the target folder is not known yet: the write checks the delta may go there
+        self.rows = incremental.snapshot(self.variable, saver_of(self.variable).incremental, None)
         return []
 
 
@@ -115,30 +118,52 @@ def _save_eagerly(trackables: Mapping[str, Any], names: list[str], prefix: str) 
         groups.setdefault(saver_of(obj).kv_url(prefix), []).append(obj)
     for url, objs in groups.items():
         saver = saver_of(objs[0])
-        rows = [_rows_of(obj) for obj in objs]
         backend, folder = core.open_location(url, saver.storage_options)
-        core.save_checkpoint(
-            rows,
-            backend,
-            folder,
-            saver.topology,
-            saver.options,
-            barrier=saver.barrier,
-            metadata={"tf_prefix": prefix},
-            job_id=saver.job_id,
-        )
+        target = f"{backend.url.rstrip('/')}/{folder}"
+        variables = [_variable_of(obj) for obj in objs]
+        rows = _rows_of(objs, saver, target)
+        try:
+            manifest = core.save_checkpoint(
+                rows,
+                backend,
+                folder,
+                saver.topology,
+                saver.options,
+                barrier=saver.barrier,
+                metadata={"tf_prefix": prefix},
+                job_id=saver.job_id,
+            )
+        except BaseException:
+            for variable, saved in zip(variables, rows, strict=True):
+                if saved.mark is not None:
+                    incremental.record_failure(variable)
+            raise
+        if manifest is not None:
+            for variable, saved in zip(variables, rows, strict=True):
+                incremental.record_commit(variable, saved, target, manifest)
         if saver.topology.is_chief:
             gc.remove_orphans(backend, keep=folder)
     head = posixpath.dirname(prefix)
     return [_stored_url(saver_of(trackables[n]).kv_url(prefix), head) for n in names]
 
 
-def _rows_of(obj: Any) -> VariableRows:
-    if isinstance(obj, VariableSnapshot):
-        if obj.rows is None:
+def _variable_of(obj: Any) -> Any:
+    return obj.variable if isinstance(obj, VariableSnapshot) else obj
+
+
+def _rows_of(objs: list[Any], saver: FileSystemSaver, target: str) -> list[VariableRows]:
+    """The rows to save: the async snapshots taken at ``save()``, else read now."""
+    if not any(isinstance(obj, VariableSnapshot) for obj in objs):
+        return incremental.snapshots(objs, saver.incremental, target)
+    out = []
+    for obj in objs:
+        if not isinstance(obj, VariableSnapshot):
+            out.append(incremental.snapshot(obj, saver.incremental, target))
+        elif obj.rows is None:
             raise RuntimeError(f"variable {obj.variable.name!r}: async snapshot was not taken")
-        return obj.rows
-    return export_rows(obj)
+        else:
+            out.append(obj.rows)
+    return out
 
 
 def _stored_url(url: str, head: str) -> str:
