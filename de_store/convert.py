@@ -391,7 +391,9 @@ def merged_groups(
     """``(group, rows)``: the variable's rows as restoring its chain gives them, per group.
 
     Per group: the full link's rows, then for each delta in order its tombstones removed
-    and its rows upserted (the last write wins). A column a link lacks reads as zeros.
+    and its rows upserted (the last write wins). The deltas are merged among themselves
+    first (they are small), then applied to the full link's rows in one pass. A column a
+    link lacks reads as zeros.
     """
     readers = []
     for folder, entry in var.links:
@@ -404,12 +406,18 @@ def merged_groups(
     steps = sorted({r.step for rows, removed in readers for r in rows + removed})
     # groups in mixed-radix order: each coarse file's class stays the same for a run
     for group in sorted(range(var.groups), key=lambda g: (*(g % s for s in steps), g)):
-        merged = _empty_rows(var)
-        for rows, removed in readers:
+        base, overlay, tombstones = _empty_rows(var), _empty_rows(var), []
+        for index, (rows, removed) in enumerate(readers):
             drop = [r.keys for reader in removed if (r := reader.rows(group)) is not None]
-            update = [r for reader in rows if (r := reader.rows(group)) is not None]
-            merged = _apply(merged, drop, [_with_columns(r, var) for r in update])
-        yield group, merged
+            update = [
+                _with_columns(r, var) for reader in rows if (r := reader.rows(group)) is not None
+            ]
+            if index == 0:
+                base = _apply(base, drop, update)
+            else:
+                overlay = _apply(overlay, drop, update)
+                tombstones += drop
+        yield group, _apply(base, tombstones, [overlay])
 
 
 def _empty_rows(var: ChainVariable) -> ShardRows:
@@ -430,16 +438,32 @@ def _with_columns(rows: ShardRows, var: ChainVariable) -> ShardRows:
 
 
 def _apply(base: ShardRows, removed: list[np.ndarray], updates: list[ShardRows]) -> ShardRows:
-    """``base`` without the ``removed`` keys, then with ``updates`` upserted."""
-    if not removed and not updates:
-        return base
-    parts = [base, *updates]
+    """``base`` without the ``removed`` keys, then with ``updates`` upserted (their keys
+    must be unique across them), each column copied once."""
+    updates = [u for u in updates if u.rows]
+    if not base.rows and len(updates) == 1:
+        return updates[0]
     drop = [*removed, *(u.keys for u in updates)]
+    keep = None
     if base.rows and drop:
-        keep = ~np.isin(base.keys, np.concatenate(drop))
-        parts[0] = ShardRows(base.keys[keep], {c: v[keep] for c, v in base.columns.items()})
-    keys = np.concatenate([p.keys for p in parts])
-    columns = {c: np.concatenate([p.columns[c] for p in parts]) for c in base.columns}
+        keep = np.flatnonzero(~np.isin(base.keys, np.concatenate(drop)))
+    if keep is None and not updates:
+        return base
+
+    def column(rows: np.ndarray, added: list[np.ndarray]) -> np.ndarray:
+        kept = len(rows) if keep is None else len(keep)
+        out = np.empty((kept + sum(len(a) for a in added), *rows.shape[1:]), rows.dtype)
+        if keep is None:
+            out[:kept] = rows
+        else:  # np.take gathers rows about twice as fast as boolean indexing
+            np.take(rows, keep, axis=0, out=out[:kept])
+        for a in added:
+            out[kept : kept + len(a)] = a
+            kept += len(a)
+        return out
+
+    keys = column(base.keys, [u.keys for u in updates])
+    columns = {c: column(v, [u.columns[c] for u in updates]) for c, v in base.columns.items()}
     return ShardRows(keys, columns)
 
 

@@ -205,7 +205,7 @@ def test_a_missing_link_is_an_error_naming_it(tmp_path, capsys) -> None:
     assert "BROKEN" in out and "ckpt-2  missing" in out and "ckpt-2" in err
 
 
-def test_ls_marks_an_orphan_a_kept_delta_needs_as_parent(tmp_path, capsys) -> None:
+def test_ls_marks_an_orphan_a_kept_delta_needs_as_parent_and_gc_keeps_it(tmp_path) -> None:
     gone, kept = str(tmp_path / "tf" / "gone"), tmp_path / "tf" / "kept"
     kept.parent.mkdir()
     Path(f"{kept}.index").write_bytes(b"")
@@ -223,3 +223,5 @@ def test_ls_marks_an_orphan_a_kept_delta_needs_as_parent(tmp_path, capsys) -> No
         "ckpt-3": ("committed", "delta"),
         "ckpt-4": ("orphaned", "full"),
     }
+    assert main(["gc", str(tmp_path)]) == 0  # gc agrees: only the unneeded orphan goes
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-1", "ckpt-2", "ckpt-3"]
