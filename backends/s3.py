@@ -3,18 +3,21 @@
 No rename: objects are written once under their final names (a multipart upload becomes
 visible only when it completes; a failed one is aborted) and a commit marker decides
 visibility. A streamed write uploads its parts concurrently while the shard is still being
-encoded (see :mod:`._multipart`). ``write_once`` is a conditional put (``If-None-Match: *``),
-which S3 and moto honour. Against moto or another endpoint, give ``endpoint_url`` but no
+encoded, and a streamed read takes a sequential run of reads from one GET (see
+:mod:`._multipart`). ``write_once`` is a conditional put (``If-None-Match: *``), which S3
+and moto honour. Against moto or another endpoint, give ``endpoint_url`` but no
 ``region_name``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 from botocore.exceptions import BotoCoreError
 
-from ._multipart import MultipartUpload
+from ._multipart import MultipartUpload, StreamingDownload
 from .base import Capabilities
 from .fsspec_generic import FsspecBackend
 
@@ -33,3 +36,17 @@ class S3Backend(FsspecBackend):
 
     def _open_upload(self, full: str) -> Any:
         return MultipartUpload(self.fs, full, self.upload_part_size, self.upload_concurrency)
+
+    @contextlib.contextmanager
+    def open_read(self, path: str) -> Iterator[BinaryIO]:
+        full = self._full(path)
+        with self._translating("read", path):
+            self.fs.invalidate_cache(full)
+            info = self.fs.info(full)
+            if info["type"] != "file":
+                raise IsADirectoryError(f"{self._where(path)} is a directory")
+            raw: Any = StreamingDownload(self.fs, full, int(info["size"]))
+        try:
+            yield self._counting(raw, path)
+        finally:
+            raw.close()

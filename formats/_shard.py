@@ -101,11 +101,17 @@ def check_expected(expected: ShardInfo, format_name: str, where: str) -> None:
 
 
 def read_frame(
-    backend: Backend, path: str, expected: ShardInfo, file_index: int = 0
+    backend: Backend,
+    path: str,
+    expected: ShardInfo,
+    file_index: int = 0,
+    f: BinaryIO | None = None,
 ) -> tuple[bytes, bytes]:
     """Check size, read the header and footer of a file and verify them with its crc32c.
 
-    Returns ``(head, tail)``: the bytes before the first part and after the last one.
+    Returns ``(head, tail)``: the bytes before the first part and after the last one. With
+    ``f`` (the file, open for reading at offset 0) the header is read from it, so that a
+    streamed read goes on from there to the parts: one request fewer on an object store.
     """
     where = location(backend, path)
     file = expected.files[file_index]
@@ -113,8 +119,8 @@ def read_frame(
     ranges = [p.ranges[file_index] for p in expected.parts]
     head_end = ranges[0].offset if ranges else file.bytes
     tail_start = ranges[-1].end if ranges else file.bytes
-    head = backend.read_range(path, 0, head_end)
     tail = backend.read_range(path, tail_start, file.bytes)
+    head = backend.read_range(path, 0, head_end) if f is None else read_exact(f, head_end, where)
     check_frame(where, file, ranges, head, tail)
     return head, tail
 

@@ -148,20 +148,20 @@ def _read_verified(
 ) -> Iterator[pa.RecordBatch]:
     where = location(backend, path)
     check_expected(expected, ParquetFormat.name, where)
-    head, tail = read_frame(backend, path, expected)
-    if head[:4] != MAGIC:
-        raise FormatError(f"{where} is not a Parquet file: it starts with {head[:4]!r}")
-    if not expected.parts:
-        return
-    metadata = _metadata(where, tail)
-    check_columns(where, metadata.schema.to_arrow_schema(), expected.schema)
-    if metadata.num_row_groups != len(expected.parts):
-        raise FormatError(
-            f"{where}: expected {len(expected.parts)} row groups, found {metadata.num_row_groups}"
-        )
-    size, footer_at = expected.files[0].bytes, expected.parts[-1].ranges[0].end
-
     with backend.open_read(path) as f:
+        head, tail = read_frame(backend, path, expected, f=f)
+        if head[:4] != MAGIC:
+            raise FormatError(f"{where} is not a Parquet file: it starts with {head[:4]!r}")
+        if not expected.parts:
+            return
+        metadata = _metadata(where, tail)
+        check_columns(where, metadata.schema.to_arrow_schema(), expected.schema)
+        if metadata.num_row_groups != len(expected.parts):
+            raise FormatError(
+                f"{where}: expected {len(expected.parts)} row groups, "
+                f"found {metadata.num_row_groups}"
+            )
+        size, footer_at = expected.files[0].bytes, expected.parts[-1].ranges[0].end
         reader = PartReader(f, where)
 
         def read(job: tuple[int, int]) -> list[pa.RecordBatch]:

@@ -98,3 +98,43 @@ def test_streamed_write_to_missing_bucket_names_the_object(s3_location: StorageL
     missing = r"s3://no-such-bucket/x/big\.bin"
     with pytest.raises(BackendError, match=missing), backend.open_write("big.bin") as f:
         f.write(bytes(20 * MIB))
+
+
+def test_streamed_read_serves_any_seek_pattern(s3_location: StorageLocation) -> None:
+    backend = s3_location.open()
+    data = random.Random(4).randbytes(3 * MIB + 17)
+    backend.write_bytes("r.bin", data)
+    rng = random.Random(5)
+    with backend.open_read("r.bin") as f:
+        assert f.read(10) == data[:10]
+        assert f.read(MIB) == data[10 : 10 + MIB]  # sequential: same GET
+        f.seek(100, 1)  # a short skip forwards: read and dropped
+        assert f.read(5) == data[MIB + 110 : MIB + 115]
+        for _ in range(20):
+            start, size = rng.randrange(len(data)), rng.randrange(2 * MIB)
+            f.seek(start)
+            assert f.read(size) == data[start : start + size]
+        f.seek(-7, 2)
+        assert f.read() == data[-7:]
+        assert f.read(3) == b""
+
+
+def test_sequential_streamed_read_is_one_get(
+    s3_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = s3_location.open()
+    assert isinstance(backend, S3Backend)
+    data = random.Random(6).randbytes(5 * MIB)
+    backend.write_bytes("r.bin", data)
+    calls: list[str] = []
+    call_s3 = backend.fs._call_s3  # type: ignore[attr-defined]
+
+    async def counting(method: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(method)
+        return await call_s3(method, *args, **kwargs)
+
+    monkeypatch.setattr(backend.fs, "_call_s3", counting)
+    with backend.open_read("r.bin") as f:
+        chunks = [f.read(MIB // 3) for _ in range(16)]
+    assert b"".join(chunks) == data
+    assert calls.count("get_object") == 1
