@@ -30,9 +30,7 @@ from de_store.formats.batches import batch_from_numpy
 from de_store.formats.binary import KEYS_SUFFIX, VALUES_SUFFIX, decode_pair, numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
 from de_store.saver.buckets import (
-    MIN_ROWS_PER_BUCKET,
     bucket_order,
-    choose_num_buckets,
     key_hash_mod,
 )
 from de_store.saver.commit import CommitStrategy, commit_strategy, read_manifest
@@ -308,7 +306,8 @@ def chain_source(
         links = resolve_chain(backend, name, var_name, RetryPolicy())
         newest = links[-1][1]
         _check_links(links, f"{backend.url.rstrip('/')}/{name}")
-        rows = max(entry.rows for _, entry in links)
+        rows = sum(entry.rows + entry.removed_rows for _, entry in links)
+        buckets = max((r.num_buckets for r in links[0][1].shards), default=1)
         out.append(
             ChainVariable(
                 var_name,
@@ -317,10 +316,19 @@ def chain_source(
                 newest.dim,
                 dict(newest.columns),
                 links,
-                choose_num_buckets(rows * MIN_ROWS_PER_BUCKET // max(group_rows, 1)),
+                group_count(rows, buckets, group_rows),
             )
         )
     return manifest, out
+
+
+def group_count(rows: int, num_buckets: int, group_rows: int) -> int:
+    """The fewest key groups, a divisor of the full link's ``num_buckets`` (each group is
+    then a set of its parts), that hold at most ``group_rows`` of ``rows`` each on average;
+    ``num_buckets`` when even single buckets are larger."""
+    wanted = -(-rows // max(group_rows, 1))
+    divisors = (d for d in range(1, num_buckets + 1) if num_buckets % d == 0 and d >= wanted)
+    return next(divisors, num_buckets)
 
 
 def _check_links(links: list[tuple[str, VariableEntry]], where: str) -> None:

@@ -18,33 +18,37 @@ from de_store.convert import compact
 from de_store.errors import CheckpointNotFoundError
 
 DIM = 4
+ROWS = 13_000  # a shard of the full checkpoint has 6 key buckets, a delta's 1
 
 
-def make_variable(name: str) -> ds.Variable:
-    return ds.Variable(name, dim=DIM)  # not registered: any number can coexist
+def make_variable(name: str, shards: int = 1) -> ds.Variable:
+    devices = [f"/CPU:{i}" for i in range(shards)]
+    return ds.Variable(name, dim=DIM, devices=devices)  # not registered: any number coexist
 
 
-def build_chain(directory: Path, *, slots: bool = True, deltas: int = 2) -> ds.Variable:
+def build_chain(
+    directory: Path, *, slots: bool = True, deltas: int = 2, shards: int = 1
+) -> ds.Variable:
     """``ckpt-1`` (full) and ``ckpt-2 ..`` deltas of a Variable with updates, inserts and
     removes between saves; returns the Variable as saved last."""
     rng = np.random.default_rng(7)
-    variable = make_variable("emb")
-    keys = np.arange(3000, dtype=np.int64) * 7919
-    variable.upsert(tf.constant(keys), tf.constant(rng.standard_normal((3000, DIM), np.float32)))
+    variable = make_variable("emb", shards)
+    keys = np.arange(ROWS, dtype=np.int64) * 7919
+    variable.upsert(tf.constant(keys), tf.constant(rng.standard_normal((ROWS, DIM), np.float32)))
     if slots:
         variable.companion("accumulator", DIM, tf.float32).upsert(
-            tf.constant(keys), tf.fill([3000, DIM], 0.5)
+            tf.constant(keys), tf.fill([ROWS, DIM], 0.5)
         )
     ds.save([variable], str(directory / "ckpt-1"), incremental=True, blocking=True)
     for step in range(2, deltas + 2):
-        changed = np.concatenate([keys[rng.choice(3000, 40, replace=False)], [10**9 + step]])
+        changed = np.concatenate([keys[rng.choice(ROWS, 40, replace=False)], [10**9 + step]])
         rows = rng.standard_normal((len(changed), DIM), np.float32)
         variable.upsert(tf.constant(changed), tf.constant(rows))
         if slots:
             variable.companion("accumulator", DIM, tf.float32).accum(
                 tf.constant(changed), tf.ones([len(changed), DIM])
             )
-        variable.remove(tf.constant(keys[rng.choice(3000, 10, replace=False)]))
+        variable.remove(tf.constant(keys[rng.choice(ROWS, 10, replace=False)]))
         ds.save([variable], str(directory / f"ckpt-{step}"), incremental=True, blocking=True)
     return variable
 
@@ -64,8 +68,10 @@ def _by_key(keys: np.ndarray, rows: np.ndarray) -> dict[int, tuple[float, ...]]:
     return {int(k): tuple(r) for k, r in zip(keys, rows.tolist(), strict=True)}
 
 
-def restored(url: str, *, slots: bool = True) -> dict[str, dict[int, tuple[float, ...]]]:
-    variable = make_variable("emb")
+def restored(
+    url: str, *, slots: bool = True, shards: int = 1
+) -> dict[str, dict[int, tuple[float, ...]]]:
+    variable = make_variable("emb", shards)
     if slots:
         variable.companion("accumulator", DIM, tf.float32)
     ds.restore([variable], url)
@@ -113,11 +119,11 @@ def test_inspect_json_shows_the_chain_oldest_first(chain) -> None:
         ("ckpt-2", "delta"),
         ("ckpt-3", "delta"),
     ]
-    assert info["chain"][0]["rows"] == 3000
+    assert info["chain"][0]["rows"] == ROWS
     assert [link["removed"] for link in info["chain"]] == [0, 10, 10]
     emb = info["variables"]["emb"]
     assert (emb["incremental"], emb["removed"], emb["chain_links"]) == (True, 10, 3)
-    assert emb["rows"] == info["chain"][2]["rows"] < 3000 // 10
+    assert emb["rows"] == info["chain"][2]["rows"] == 41
     full = json.loads(run_main("inspect", "--json", str(directory / "ckpt-1"))[1])
     assert (full["kind"], full["parent"], len(full["chain"])) == ("full", None, 1)
     assert full["variables"]["emb"]["incremental"] is False
@@ -165,11 +171,19 @@ def test_convert_flattens_a_chain_into_what_its_restore_gives(chain, tmp_path, t
 def test_compact_merges_group_by_group_exactly(chain, tmp_path) -> None:
     directory, _ = chain
     src = str(directory / "ckpt-3")
-    out = compact(src, str(tmp_path / "compacted"), group_rows=100)
+    out = compact(src, str(tmp_path / "compacted"), group_rows=1000)
     info = json.loads(run_main("inspect", "--json", out)[1])
     assert info["metadata"] == {"compacted_from": src}
-    assert info["variables"]["emb"]["shards"] > 1  # one file per key group
+    assert info["variables"]["emb"]["shards"] == 6  # one file per key group
     assert files_rows(out) == restored(src)
+
+
+def test_compact_of_a_sharded_chain_restores_into_other_shard_counts(tmp_path) -> None:
+    variable = build_chain(tmp_path / "run", shards=2, deltas=3)
+    out = compact(str(tmp_path / "run" / "ckpt-4"), str(tmp_path / "flat"), group_rows=4000)
+    expected = rows_of(variable)
+    assert restored(out, shards=3) == expected
+    assert restored(str(tmp_path / "run" / "ckpt-4"), shards=3) == expected
 
 
 def test_compact_of_a_full_checkpoint_copies_it(chain, tmp_path) -> None:
@@ -210,7 +224,7 @@ def test_ls_marks_an_orphan_a_kept_delta_needs_as_parent_and_gc_keeps_it(tmp_pat
     kept.parent.mkdir()
     Path(f"{kept}.index").write_bytes(b"")
     variable = make_variable("emb")
-    variable.upsert(tf.range(3000, dtype=tf.int64), tf.ones([3000, DIM]))
+    variable.upsert(tf.range(ROWS, dtype=tf.int64), tf.ones([ROWS, DIM]))
     for step, prefix in ((1, gone), (2, gone), (3, str(kept))):
         url = str(tmp_path / f"ckpt-{step}")
         ds.save([variable], url, incremental=True, blocking=True, metadata={"tf_prefix": prefix})
