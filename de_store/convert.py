@@ -361,15 +361,14 @@ class _RecordGroups:
         self.step = math.gcd(record.num_buckets, groups)
         self._class = -1
         self._rows: ShardRows | None = None
-        self._ends = np.zeros(0, np.int64)
+        self._starts = self._ends = np.zeros(0, np.int64)
 
     def rows(self, group: int) -> ShardRows | None:
         if group % self.step != self._class:
             self._load(group % self.step)
         if self._rows is None or self.step == self.groups:
             return self._rows
-        end = int(self._ends[group])
-        start = end - int(np.diff(self._ends, prepend=0)[group])
+        start, end = int(self._starts[group]), int(self._ends[group])
         return ShardRows(
             self._rows.keys[start:end], {c: v[start:end] for c, v in self._rows.columns.items()}
         )
@@ -388,8 +387,10 @@ class _RecordGroups:
         if self.step < self.groups:  # order the class's rows by group, once
             buckets = key_hash_mod(keys, self.groups, self.key_dtype)
             order, counts = bucket_order(buckets, self.groups)
-            keys, columns = keys[order], {c: v[order] for c, v in columns.items()}
+            keys = np.take(keys, order)
+            columns = {c: np.take(v, order, axis=0) for c, v in columns.items()}
             self._ends = np.cumsum(counts)
+            self._starts = self._ends - counts
         self._rows = ShardRows(keys, columns)
 
 
