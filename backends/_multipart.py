@@ -18,6 +18,7 @@ or further forwards than ``skip_limit``) starts a new GET from there.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import io
 import threading
@@ -51,7 +52,10 @@ class MultipartUpload(io.RawIOBase):
         self._path = path
         self._bucket, self._key, _ = fs.split_path(path)
         self._part_size = part_size
-        self._buffer = bytearray()
+        self._buffer = bytearray(part_size)
+        self._filled = 0
+        # Part buffers back from finished uploads, filled again: no new pages to fault in.
+        self._free: collections.deque[bytearray] = collections.deque()
         self._upload_id: str | None = None
         self._parts: list[concurrent.futures.Future[Any]] = []
         self._slots = threading.Semaphore(concurrency)
@@ -62,34 +66,47 @@ class MultipartUpload(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        size = view.nbytes
-        while view.nbytes:
-            room = self._part_size - len(self._buffer)
-            self._buffer += view[:room]
-            view = view[room:]
-            if len(self._buffer) == self._part_size:
+        size, start = view.nbytes, 0
+        while start < size:
+            n = min(self._part_size - self._filled, size - start)
+            self._buffer[self._filled : self._filled + n] = view[start : start + n]
+            self._filled += n
+            start += n
+            if self._filled == self._part_size:
                 self._send_part()
         return size
 
     def _call(self, method: str, **kwargs: Any) -> Any:
         return sync(self._fs.loop, self._fs._call_s3, method, Bucket=self._bucket, **kwargs)
 
-    def _send_part(self) -> None:
+    def _send_part(self, last: bool = False) -> None:
         self._raise_failed()
         if self._upload_id is None:
             self._upload_id = self._call("create_multipart_upload", Key=self._key)["UploadId"]
-        part, self._buffer = self._buffer, bytearray()
+        full = self._filled == self._part_size
+        part = self._buffer if full else self._buffer[: self._filled]
         self._slots.acquire()
+        if last:
+            self._buffer, self._free = bytearray(), collections.deque()
+        else:
+            self._buffer = self._free.popleft() if self._free else bytearray(self._part_size)
+        self._filled = 0
         coro = self._fs._call_s3(
             "upload_part",
             Bucket=self._bucket,
             Key=self._key,
             UploadId=self._upload_id,
             PartNumber=len(self._parts) + 1,
-            Body=bytes(part),
+            Body=part,  # sent as it is, not copied: reused only once this upload is done
         )
+
+        def release(_: concurrent.futures.Future[Any]) -> None:
+            if full and not self._done:
+                self._free.append(part)
+            self._slots.release()
+
         future = asyncio.run_coroutine_threadsafe(coro, self._fs.loop)
-        future.add_done_callback(lambda _: self._slots.release())
+        future.add_done_callback(release)
         self._parts.append(future)
 
     def _raise_failed(self) -> None:
@@ -110,19 +127,19 @@ class MultipartUpload(io.RawIOBase):
     def _finish(self) -> None:
         self._done = True
         if self._upload_id is None:
-            self._call("put_object", Key=self._key, Body=bytes(self._buffer))
+            self._call("put_object", Key=self._key, Body=self._buffer[: self._filled])
         else:
             try:
                 self._complete()
             except BaseException:
                 self.discard()
                 raise
-        self._buffer = bytearray()
+        self._buffer, self._filled, self._free = bytearray(), 0, collections.deque()
         self._fs.invalidate_cache(self._path)
 
     def _complete(self) -> None:
-        if self._buffer:
-            self._send_part()
+        if self._filled:
+            self._send_part(last=True)
         etags = [future.result()["ETag"] for future in self._parts]
         parts = [{"PartNumber": i, "ETag": etag} for i, etag in enumerate(etags, 1)]
         self._call(
@@ -135,7 +152,7 @@ class MultipartUpload(io.RawIOBase):
     def discard(self) -> None:
         """Abandon the upload: wait for parts in flight, then abort it; nothing appears."""
         self._done = True
-        self._buffer = bytearray()
+        self._buffer, self._filled, self._free = bytearray(), 0, collections.deque()
         concurrent.futures.wait(self._parts)
         try:
             if self._upload_id is not None:
