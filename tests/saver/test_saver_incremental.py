@@ -504,3 +504,20 @@ def test_processes_save_a_full_and_a_delta_and_others_restore_it(
         assert np.all(np.mod(parts[-1], 3) == rank)
     union = np.concatenate(parts)
     np.testing.assert_array_equal(np.sort(union), np.sort(keys))
+
+
+def test_a_chain_of_string_keys_restores_exactly(tmp_path) -> None:
+    var = make_variable("words", None, key_dtype=tf.string, dim=2)
+    words = np.array([f"w{i}".encode() for i in range(300)], dtype=object)
+    var.upsert(words, np.arange(600, dtype=np.float32).reshape(-1, 2))
+    var.companion("adam_m", 2, tf.float32).upsert(words[:100], np.ones([100, 2], np.float32))
+    ds.save([var], str(tmp_path / "ckpt-0"), incremental=NO_FULL, blocking=True)
+    var.upsert(words[::7], np.full([43, 2], -1, np.float32))
+    var.companions()["adam_m"].upsert(words[150:160], np.full([10, 2], 2, np.float32))
+    var.remove(words[200:250])
+    var.upsert(np.array(["ünï".encode(), b"w210"], dtype=object), np.zeros([2, 2], np.float32))
+    ds.save([var], str(tmp_path / "ckpt-1"), incremental=NO_FULL, blocking=True)
+    assert manifest_of(str(tmp_path / "ckpt-1")).variables["words"].removed_rows == 49
+    restored = make_variable("words", None, key_dtype=tf.string, dim=2, shards=3)
+    ds.restore([restored], str(tmp_path / "ckpt-1"))
+    assert state_of(restored) == state_of(var)
