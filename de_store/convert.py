@@ -12,6 +12,7 @@ Rows are held one variable and one rank at a time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -180,38 +181,45 @@ def write_checkpoint(
     progress: Progress = NO_PROGRESS,
 ) -> None:
     """Write ``variables`` as the new committed checkpoint ``name`` in ``format_name``."""
+    proc_size = max(v.proc_size for v in variables)
+    with _new_checkpoint(backend, name) as strategy:
+        staging = backend.sub(strategy.staging)
+        entries: dict[int, dict[str, VariableEntry]] = {r: {} for r in range(proc_size)}
+        for var in variables:
+            for rank, loaders in sorted(var.shards.items()):
+                entry = _write_rank(staging, var, rank, loaders, format_name, buffer_size)
+                entries[rank][var.name] = entry
+                progress.update(len(loaders))
+        _commit(strategy, entries, metadata)
+
+
+def _write_rank(
+    staging: Backend,
+    var: SourceVariable,
+    rank: int,
+    loaders: list[tuple[int, Callable[[], Any]]],
+    format_name: str,
+    buffer_size: int,
+) -> VariableEntry:
+    """Write the shards of ``var`` that rank ``rank`` held; return the rank's entry."""
     from de_store.saver import shards
 
-    strategy = _new_checkpoint(backend, name)
-    staging = backend.sub(strategy.staging)
-    proc_size = max(v.proc_size for v in variables)
-    entries: dict[int, dict[str, VariableEntry]] = {r: {} for r in range(proc_size)}
-    for var in variables:
-        for rank, loaders in sorted(var.shards.items()):
-            loaded = [(shard_id, load()) for shard_id, load in loaders]
-            rows = VariableRows(
-                var.name,
-                var.key_dtype,
-                var.value_dtype,
-                var.dim,
-                var.columns,
-                [ShardRows(keys, {c: cols[c] for c in var.columns}) for _, (keys, cols) in loaded],
-            )
-            records = [
-                shards.write_shard(
-                    staging,
-                    rows,
-                    index,
-                    rank=rank,
-                    global_shard=shard_id,
-                    format_name=format_name,
-                    buffer_size=buffer_size,
-                )
-                for index, (shard_id, _) in enumerate(loaded)
-            ]
-            entries[rank][var.name] = shards.entry_for(rows, records, format_name)
-            progress.update(len(records))
-    _commit(strategy, entries, metadata)
+    loaded = [(shard_id, load()) for shard_id, load in loaders]
+    shard_rows = [ShardRows(keys, {c: cols[c] for c in var.columns}) for _, (keys, cols) in loaded]
+    rows = VariableRows(var.name, var.key_dtype, var.value_dtype, var.dim, var.columns, shard_rows)
+    records = [
+        shards.write_shard(
+            staging,
+            rows,
+            index,
+            rank=rank,
+            global_shard=shard_id,
+            format_name=format_name,
+            buffer_size=buffer_size,
+        )
+        for index, (shard_id, _) in enumerate(loaded)
+    ]
+    return shards.entry_for(rows, records, format_name)
 
 
 def _commit(
@@ -227,13 +235,22 @@ def _commit(
     strategy.commit(merge_rank_manifests(ranks, metadata=metadata))
 
 
-def _new_checkpoint(backend: Backend, name: str) -> CommitStrategy:
-    """The commit strategy of the new checkpoint ``name``; an error if it exists already."""
+@contextlib.contextmanager
+def _new_checkpoint(backend: Backend, name: str) -> Iterator[CommitStrategy]:
+    """The commit strategy of the new checkpoint ``name`` (an error if it exists already);
+    what was staged is removed if the block fails before the commit."""
     if backend.exists(name):
         raise CheckpointError(
             f"{backend.url.rstrip('/')}/{name} exists already: convert writes a new checkpoint"
         )
-    return commit_strategy(backend, name)
+    strategy = commit_strategy(backend, name)
+    try:
+        yield strategy
+    except BaseException:
+        if strategy.committed_state() is None:
+            with contextlib.suppress(Exception):
+                backend.delete(strategy.staging, recursive=True)
+        raise
 
 
 def write_tfra(
@@ -493,34 +510,43 @@ def write_flattened(
     and shards reads its buckets as from any full checkpoint. ``format_name`` None: the
     format of each variable's newest link.
     """
+    with _new_checkpoint(backend, name) as strategy:
+        staging = backend.sub(strategy.staging)
+        entries = {}
+        for var in variables:
+            fmt = format_name or var.links[-1][1].format
+            entries[var.name] = _write_groups(staging, source, var, fmt, buffer_size, progress)
+        _commit(strategy, {0: entries}, metadata)
+
+
+def _write_groups(
+    staging: Backend,
+    source: Backend,
+    var: ChainVariable,
+    format_name: str,
+    buffer_size: int,
+    progress: Progress,
+) -> VariableEntry:
+    """Write one shard file per key group of ``var``'s flattened chain; return its entry."""
     from de_store.saver import shards
 
-    strategy = _new_checkpoint(backend, name)
-    staging = backend.sub(strategy.staging)
-    entries: dict[str, VariableEntry] = {}
-    for var in variables:
-        fmt = format_name or var.links[-1][1].format
-        records = []
-        for group, merged in merged_groups(source, var, buffer_size=buffer_size):
-            rows = VariableRows(
-                var.name, var.key_dtype, var.value_dtype, var.dim, var.columns, [merged]
+    schema = VariableRows(var.name, var.key_dtype, var.value_dtype, var.dim, var.columns, [])
+    records = []
+    for group, merged in merged_groups(source, var, buffer_size=buffer_size):
+        records.append(
+            shards.write_shard(
+                staging,
+                dataclasses.replace(schema, shards=[merged]),
+                0,
+                rank=0,
+                global_shard=group,
+                format_name=format_name,
+                buffer_size=buffer_size,
             )
-            records.append(
-                shards.write_shard(
-                    staging,
-                    rows,
-                    0,
-                    rank=0,
-                    global_shard=group,
-                    format_name=fmt,
-                    buffer_size=buffer_size,
-                )
-            )
-            progress.update(1)
-        records.sort(key=lambda r: r.shard)
-        schema = VariableRows(var.name, var.key_dtype, var.value_dtype, var.dim, var.columns, [])
-        entries[var.name] = shards.entry_for(schema, records, fmt)
-    _commit(strategy, {0: entries}, metadata)
+        )
+        progress.update(1)
+    records.sort(key=lambda r: r.shard)
+    return shards.entry_for(schema, records, format_name)
 
 
 def compact(

@@ -15,7 +15,7 @@ import tensorflow as tf
 import de_store as ds
 from de_store.cli import main
 from de_store.convert import compact
-from de_store.errors import CheckpointNotFoundError
+from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
 
 DIM = 4
 ROWS = 13_000  # a shard of the full checkpoint has 6 key buckets, a delta's 1
@@ -217,6 +217,29 @@ def test_a_missing_link_is_an_error_naming_it(tmp_path, capsys) -> None:
     assert main(["inspect", src]) == 1
     out, err = capsys.readouterr()
     assert "BROKEN" in out and "ckpt-2  missing" in out and "ckpt-2" in err
+
+
+def test_an_uncommitted_link_is_an_error_naming_it(tmp_path, capsys) -> None:
+    build_chain(tmp_path, slots=False)
+    for record in (tmp_path / "ckpt-1").glob("COMMIT-*"):
+        record.unlink()
+    src = str(tmp_path / "ckpt-3")
+    with pytest.raises(CheckpointError, match=r"depends on .*/ckpt-1, which is not committed"):
+        compact(src, str(tmp_path / "flat"))
+    assert not (tmp_path / "flat").exists()
+    assert main(["convert", "-q", src, str(tmp_path / "flat"), "--to", "arrow"]) == 1
+    assert "ckpt-1, which is not committed" in capsys.readouterr().err
+
+
+def test_a_corrupt_link_fails_compact_and_leaves_nothing(tmp_path) -> None:
+    build_chain(tmp_path, slots=False)
+    victim = next((tmp_path / "ckpt-1").glob("emb/*.parquet"))  # its last group's part
+    data = bytearray(victim.read_bytes())
+    data[len(data) * 9 // 10] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=victim.name):  # after the first groups' files
+        compact(str(tmp_path / "ckpt-3"), str(tmp_path / "flat"), group_rows=1000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-1", "ckpt-2", "ckpt-3"]
 
 
 def test_ls_marks_an_orphan_a_kept_delta_needs_as_parent_and_gc_keeps_it(tmp_path) -> None:
