@@ -7,7 +7,10 @@ cache with ``posix_fadvise(POSIX_FADV_DONTNEED)`` before it is read. Format read
 every crc32c (``expected`` given), as a restore does.
 
 MB/s count the logical data, N * (8 + 4 D) bytes, for every entry, so ratios compare times.
-The last stdout line is one JSON object with every figure and the ratios to raw.
+Each figure is the median of ``--repeat`` rounds; a round measures raw and every format one
+after the other, so a shared machine's load shifts them alike. The raw local entry also
+gives ``read_warm``: the same read again, from the page cache, for contrast. The last
+stdout line is one JSON object with every figure and the ratios to raw.
 
 Usage::
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 import uuid
@@ -68,25 +72,27 @@ def raw_local(directory: str, keys: np.ndarray, values: np.ndarray) -> dict[str,
     write_s, _ = timed(write)
     for path in paths:
         drop_cache(path)
-    read_s, arrays = timed(
-        lambda: [np.fromfile(p, a.dtype) for p, a in zip(paths, (keys, values), strict=True)]
-    )
+
+    def read() -> list[np.ndarray]:
+        return [np.fromfile(p, a.dtype) for p, a in zip(paths, (keys, values), strict=True)]
+
+    read_s, arrays = timed(read)
     assert np.array_equal(arrays[0], keys)
+    del arrays
+    read_warm_s, _ = timed(read)
     for path in paths:
         os.unlink(path)
-    return {"write_s": write_s, "read_s": read_s}
+    return {"write_s": write_s, "read_s": read_s, "read_warm_s": read_warm_s}
 
 
 def raw_s3(backend: Backend, keys: np.ndarray, values: np.ndarray) -> dict[str, float]:
     fs: Any = backend.fs  # type: ignore[attr-defined]
     root = backend.root  # type: ignore[attr-defined]
     paths = [f"{root}/raw-{part}" for part in ("keys", "values")]
-    data = [memoryview(keys).cast("B"), memoryview(values.reshape(-1)).cast("B")]
-    write_s, _ = timed(
-        lambda: [fs.pipe_file(p, bytes(d)) for p, d in zip(paths, data, strict=True)]
-    )
+    data = [keys.tobytes(), values.tobytes()]
+    write_s, _ = timed(lambda: [fs.pipe_file(p, d) for p, d in zip(paths, data, strict=True)])
     read_s, got = timed(lambda: [fs.cat_file(p) for p in paths])
-    assert got[0] == bytes(data[0])
+    assert got[0] == data[0]
     fs.rm(paths)
     return {"write_s": write_s, "read_s": read_s}
 
@@ -133,9 +139,11 @@ def summarise(data_bytes: int, figures: dict[str, dict[str, dict[str, float]]]) 
         raw = entries["raw"]
         for entry, f in entries.items():
             row = out.setdefault(entry, {}).setdefault(backend_name, {})
-            for direction in ("write", "read"):
+            for direction in ("write", "read", "read_warm"):
+                if f"{direction}_s" not in f:
+                    continue
                 row[direction] = mb_per_s(data_bytes, f[f"{direction}_s"])
-                if entry != "raw":
+                if entry != "raw" and direction != "read_warm":
                     row[f"{direction}_vs_raw"] = round(
                         raw[f"{direction}_s"] / f[f"{direction}_s"], 2
                     )
@@ -149,6 +157,7 @@ def main() -> None:
     parser.add_argument("--buffer-size", type=int, default=262144, help="rows per part")
     parser.add_argument("--no-s3", action="store_true", help="skip the moto S3 server")
     parser.add_argument("--dir", default=None, help="local directory (default: a temp dir)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; figures are medians")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -160,24 +169,50 @@ def main() -> None:
     figures: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
         backend = open_backend(directory)
-        figures["local"] = {"raw": raw_local(directory, keys, values)}
-        for name in FORMATS:
-            figures["local"][name] = run_format(backend, name, keys, values, args.buffer_size)
-            print("local", name, figures["local"][name], flush=True)
+        entries = {"raw": lambda: raw_local(directory, keys, values)}
+        entries |= format_entries(backend, keys, values, args.buffer_size)
+        figures["local"] = medians("local", entries, args.repeat)
     if not args.no_s3:
-        figures["s3"] = bench_s3(keys, values, args.buffer_size)
+        figures["s3"] = bench_s3(keys, values, args.buffer_size, args.repeat)
     result = {
         "keys": args.keys,
         "dim": args.dim,
         "buffer_size": args.buffer_size,
         "data_mb": round(data_bytes / 1e6, 1),
+        "repeat": args.repeat,
         "read": "cold (posix_fadvise DONTNEED)",
         "mb_per_s": summarise(data_bytes, figures),
     }
     print(json.dumps(result))
 
 
-def bench_s3(keys: np.ndarray, values: np.ndarray, buffer_size: int) -> dict[str, dict[str, float]]:
+def format_entries(
+    backend: Backend, keys: np.ndarray, values: np.ndarray, buffer_size: int
+) -> dict[str, Callable[[], dict[str, float]]]:
+    def entry(name: str) -> Callable[[], dict[str, float]]:
+        return lambda: run_format(backend, name, keys, values, buffer_size)
+
+    return {name: entry(name) for name in FORMATS}
+
+
+def medians(
+    where: str, entries: dict[str, Callable[[], dict[str, float]]], repeat: int
+) -> dict[str, dict[str, float]]:
+    """Run every entry once per round, ``repeat`` rounds; the median of each figure."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in entries}
+    for round_ in range(repeat):
+        for name, run in entries.items():
+            runs[name].append(run())
+            print(where, round_, name, runs[name][-1], flush=True)
+    return {
+        name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+        for name, rs in runs.items()
+    }
+
+
+def bench_s3(
+    keys: np.ndarray, values: np.ndarray, buffer_size: int, repeat: int
+) -> dict[str, dict[str, float]]:
     from de_store.testing import servers
 
     endpoint, stop = servers.start_moto_server(in_process=False)
@@ -185,11 +220,9 @@ def bench_s3(keys: np.ndarray, values: np.ndarray, buffer_size: int) -> dict[str
         options = servers.s3_storage_options(endpoint)
         servers.create_bucket("s3", "bench", options)
         backend = open_backend("s3://bench/shards", options)
-        figures = {"raw": raw_s3(backend, keys, values)}
-        for name in FORMATS:
-            figures[name] = run_format(backend, name, keys, values, buffer_size)
-            print("s3", name, figures[name], flush=True)
-        return figures
+        entries = {"raw": lambda: raw_s3(backend, keys, values)}
+        entries |= format_entries(backend, keys, values, buffer_size)
+        return medians("s3", entries, repeat)
     finally:
         stop()
 
