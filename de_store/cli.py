@@ -55,10 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", parents=[common], help="check completeness and checksums")
     verify.add_argument("url")
 
-    convert = sub.add_parser("convert", parents=[common], help="change format, TFRA in and out")
+    convert = sub.add_parser(
+        "convert", parents=[common], help="change format, flatten a chain, TFRA in/out"
+    )
     convert.add_argument("src", help="a committed checkpoint, or a TFRA folder (give --dim)")
     convert.add_argument("dst", help="new checkpoint folder, or the TFRA folder to write")
-    convert.add_argument("--to", required=True, choices=["parquet", "arrow", "binary", "tfra"])
+    convert.add_argument(
+        "--to",
+        choices=["parquet", "arrow", "binary", "tfra"],
+        help="format to write (default, for a checkpoint SRC: each variable's own)",
+    )
     convert.add_argument("--dim", type=int, help="dim of the TFRA variables read")
     convert.add_argument("--key-dtype", default="int64", help="TFRA key dtype (int64)")
     convert.add_argument("--value-dtype", default="float32", help="TFRA value dtype (float32)")

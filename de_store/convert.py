@@ -760,7 +760,7 @@ def _check_columns(name: str, key_dtype: str, columns: dict[str, ColumnSpec], to
 def convert(
     src: str,
     dst: str,
-    to: str,
+    to: str | None,
     *,
     storage_options: dict[str, Any] | None = None,
     tfra_options: TfraOptions = TfraOptions(),
@@ -770,11 +770,17 @@ def convert(
     """Convert ``src`` into ``dst`` in format ``to``; return a one-line summary.
 
     An incremental ``src`` is flattened: ``dst`` is always a full checkpoint (or TFRA files)
-    holding what restoring ``src``'s chain gives.
+    holding what restoring ``src``'s chain gives. ``to`` None (a committed ``src`` only):
+    :func:`compact` it, each variable keeping its format.
     """
-    if to != "tfra" and _is_delta(src, storage_options):
+    kind = _checkpoint_kind(src, storage_options)
+    if to is None and kind is None:
+        raise ValueError(
+            f"give --to: {src} holds no committed de_store checkpoint to keep the format of"
+        )
+    if to is None or (to != "tfra" and kind == "delta"):
         return _flatten(src, dst, to, storage_options, tfra_options, values_only, progress_factory)
-    variables, kind = open_source(src, storage_options, tfra_options)
+    variables, source = open_source(src, storage_options, tfra_options)
     variables = check_target(variables, to, values_only)
     total = sum(len(loaders) for v in variables for loaders in v.shards.values())
     progress = progress_factory(total, "convert (shards)") if progress_factory else NO_PROGRESS
@@ -786,28 +792,28 @@ def convert(
         write_checkpoint(
             variables, backend, name, to, metadata={"converted_from": src}, progress=progress
         )
-    return f"converted {len(variables)} variable(s) from {kind} {src} to {to} checkpoint {dst}"
+    return f"converted {len(variables)} variable(s) from {source} {src} to {to} checkpoint {dst}"
 
 
-def _is_delta(src: str, storage_options: dict[str, Any] | None) -> bool:
-    """Whether ``src`` is a committed incremental checkpoint."""
+def _checkpoint_kind(src: str, storage_options: dict[str, Any] | None) -> str | None:
+    """ "full" or "delta" for a committed checkpoint ``src``, else None."""
     backend, name = open_location(src, storage_options)
     try:
-        return read_manifest(backend, name)[1].incremental
+        return "delta" if read_manifest(backend, name)[1].incremental else "full"
     except CheckpointNotFoundError:
-        return False
+        return None
 
 
 def _flatten(
     src: str,
     dst: str,
-    to: str,
+    to: str | None,
     storage_options: dict[str, Any] | None,
     tfra_options: TfraOptions,
     values_only: bool,
     progress_factory: Callable[[int, str], Progress] | None,
 ) -> str:
-    if to not in TARGETS:
+    if to is not None and to not in TARGETS:
         raise ValueError(f"--to must be one of {', '.join(TARGETS)}, got {to!r}")
     backend, name = open_location(src, storage_options)
     _, variables = chain_source(backend, name)
@@ -828,6 +834,6 @@ def _flatten(
         )
     links = max(len(v.links) for v in variables)
     return (
-        f"flattened {len(variables)} variable(s) of incremental checkpoint {src} ({links} "
-        f"links) into full {to} checkpoint {dst}"
+        f"flattened {len(variables)} variable(s) of {src} ({links} link(s) in its longest "
+        f"chain) into full {to or 'same-format'} checkpoint {dst}"
     )

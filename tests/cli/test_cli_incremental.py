@@ -151,17 +151,17 @@ def test_ls_shows_kind_and_parent(chain) -> None:
     }
 
 
-@pytest.mark.parametrize("to", ["parquet", "arrow"])
+@pytest.mark.parametrize("to", ["parquet", "arrow", None])
 def test_convert_flattens_a_chain_into_what_its_restore_gives(chain, tmp_path, to) -> None:
     directory, variable = chain
     src, dst = str(directory / "ckpt-3"), str(tmp_path / "flat")
     expected = restored(src)
     assert expected == rows_of(variable)
-    code, out = run_main("convert", "-q", src, dst, "--to", to)
+    code, out = run_main("convert", "-q", src, dst, *(["--to", to] if to else []))
     assert code == 0 and "flattened" in out
     info = json.loads(run_main("inspect", "--json", dst)[1])
     assert (info["kind"], info["parent"], info["variables"]["emb"]["format"]) == (
-        "full", None, to,
+        "full", None, to or "parquet",
     )  # fmt: skip
     assert run_main("verify", "-q", dst)[0] == 0
     assert files_rows(dst) == expected
@@ -202,6 +202,11 @@ def test_convert_of_a_chain_to_tfra_writes_the_flattened_rows(tmp_path) -> None:
     keys = np.concatenate([np.fromfile(f, "<i8") for f in sorted(dst.glob("*-keys"))])
     values = np.concatenate([np.fromfile(f, "<f4") for f in sorted(dst.glob("*-values"))])
     assert _by_key(keys, values.reshape(-1, DIM)) == rows_of(variable)["value"]
+
+
+def test_convert_without_to_needs_a_checkpoint(tmp_path, capsys) -> None:
+    assert main(["convert", str(tmp_path), str(tmp_path / "out")]) == 1
+    assert "give --to" in capsys.readouterr().err
 
 
 def test_a_missing_link_is_an_error_naming_it(tmp_path, capsys) -> None:
