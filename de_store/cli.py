@@ -242,7 +242,12 @@ def _print_chain(info: dict[str, Any]) -> None:
     if info["chain_error"]:
         print(f"chain       BROKEN, it cannot be restored: {info['chain_error']}")
     else:
-        print(f"chain       {len(chain)} links, oldest first: a full one and {deltas} delta(s)")
+        rows = sum(link["rows"] + link["removed"] for link in chain)
+        size = _size(sum(link["bytes"] for link in chain))
+        print(
+            f"chain       {len(chain)} links, oldest first: a full one and {deltas} delta(s); "
+            f"a restore reads {rows:,} rows, {size}"
+        )
     rows = []
     for link in chain:
         this = "  <- this checkpoint" if link["folder"] == info["folder"] else ""
