@@ -208,7 +208,8 @@ def describe(url: str, storage_options: dict[str, Any] | None = None) -> dict[st
     restored, or None) and ``variables``: name -> ``dim``, ``key_dtype``, ``value_dtype``,
     ``columns`` (name -> dtype, dim), ``format``, ``rows``, ``shards``, ``bytes``,
     ``files``, ``ranks`` (rank -> shard count), ``incremental``, ``removed`` (tombstones:
-    keys removed since the parent) and ``chain_links`` (checkpoints its restore reads).
+    keys removed since the parent), ``removed_files`` (the tombstone shard files) and
+    ``chain_links`` (checkpoints its restore reads).
 
     Raises
     ------
@@ -235,7 +236,8 @@ def describe(url: str, storage_options: dict[str, Any] | None = None) -> dict[st
             "rows": entry.rows,
             "shards": entry.shard_count,
             "bytes": entry.bytes,
-            "files": [f["path"] for s in entry.shards + entry.removed for f in s.info["files"]],
+            "files": [f["path"] for s in entry.shards for f in s.info["files"]],
+            "removed_files": [f["path"] for s in entry.removed for f in s.info["files"]],
             "ranks": {str(r): n for r, n in sorted(ranks.items())},
             "incremental": entry.incremental,
             "removed": entry.removed_rows,

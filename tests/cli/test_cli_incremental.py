@@ -123,6 +123,10 @@ def test_inspect_json_shows_the_chain_oldest_first(chain) -> None:
     assert [link["removed"] for link in info["chain"]] == [0, 10, 10]
     emb = info["variables"]["emb"]
     assert (emb["incremental"], emb["removed"], emb["chain_links"]) == (True, 10, 3)
+    tombstones = pads.dataset(
+        [str(directory / "ckpt-3" / f) for f in emb["removed_files"]], format="parquet"
+    ).to_table()
+    assert tombstones.num_rows == 10 and len(emb["files"]) == emb["shards"]
     assert emb["rows"] == info["chain"][2]["rows"] == 41
     full = json.loads(run_main("inspect", "--json", str(directory / "ckpt-1"))[1])
     assert (full["kind"], full["parent"], len(full["chain"])) == ("full", None, 1)
