@@ -25,6 +25,7 @@ import threading
 from typing import Any
 
 import aiohttp
+from botocore.exceptions import BotoCoreError
 from fsspec.asyn import sync
 
 
@@ -222,17 +223,23 @@ class StreamingDownload(io.RawIOBase):
 
     async def _read(self, start: int, length: int) -> bytes:
         """Bytes ``[start, start + length)``, from the open GET when it can serve them."""
+        reused = self._body is not None
+        try:
+            return await self._take_from(start, length)
+        except (TimeoutError, aiohttp.ClientError, BotoCoreError, OSError):
+            if not reused:
+                raise
+            # The open GET went stale (a long pause, a dropped connection): once more anew.
+            self._close_body()
+            return await self._take_from(start, length)
+
+    async def _take_from(self, start: int, length: int) -> bytes:
         gap = start - self._body_pos
         if self._body is None or not 0 <= gap <= self._skip_limit:
             await self._open(start)
         elif gap:
             await self._take(gap)
-        try:
-            return await self._take(length)
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            # The connection dropped mid-stream (a long pause, a server restart): retry once.
-            await self._open(start)
-            return await self._take(length)
+        return await self._take(length)
 
     async def _open(self, start: int) -> None:
         self._close_body()

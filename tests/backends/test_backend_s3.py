@@ -138,3 +138,13 @@ def test_sequential_streamed_read_is_one_get(
         chunks = [f.read(MIB // 3) for _ in range(16)]
     assert b"".join(chunks) == data
     assert calls.count("get_object") == 1
+
+
+def test_streamed_read_goes_on_after_its_connection_drops(s3_location: StorageLocation) -> None:
+    backend = s3_location.open()
+    data = random.Random(7).randbytes(2 * MIB)
+    backend.write_bytes("r.bin", data)
+    with backend.open_read("r.bin") as f:
+        assert f.read(MIB) == data[:MIB]
+        f._raw._body.close()  # type: ignore[attr-defined]  # as a server closing an idle GET
+        assert f.read(MIB) == data[MIB:]
