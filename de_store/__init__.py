@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from de_store.convert import compact
     from de_store.embedding import TrainableWrapper, embedding_lookup
     from de_store.partition import default_partition_fn
     from de_store.restrict import (
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
         TimestampRestrictPolicy,
     )
     from de_store.saver import FileSystemSaver, SaveHandle, restore, save
+    from de_store.saver.incremental import IncrementalPolicy
     from de_store.variable import HashTableCreator, Variable, get_variable
 
 #: public name -> module that defines it (imported on first access)
@@ -30,6 +32,8 @@ _LAZY_NAMES = {
     "RestrictPolicy": "de_store.restrict",
     "TimestampRestrictPolicy": "de_store.restrict",
     "FileSystemSaver": "de_store.saver",
+    "IncrementalPolicy": "de_store.saver.incremental",
+    "compact": "de_store.convert",
     "SaveHandle": "de_store.saver",
     "restore": "de_store.saver",
     "save": "de_store.saver",
@@ -58,11 +62,13 @@ __all__ = [
     "FileSystemSaver",
     "FrequencyRestrictPolicy",
     "HashTableCreator",
+    "IncrementalPolicy",
     "RestrictPolicy",
     "SaveHandle",
     "TimestampRestrictPolicy",
     "TrainableWrapper",
     "Variable",
+    "compact",
     "default_partition_fn",
     "embedding_lookup",
     "get_variable",
