@@ -11,8 +11,10 @@ cold: every file, raw or format, is fsynced and then dropped from the page cache
 MB/s count the logical data, N * (8 + 4 D) bytes, for every entry, so ratios compare times.
 Each figure is the median of ``--repeat`` rounds; a round measures raw and every format one
 after the other, so a shared machine's load shifts them alike. The raw local entry also
-gives ``read_warm``: the same read again, from the page cache, for contrast. The last
-stdout line is one JSON object with every figure and the ratios to raw.
+gives, for contrast, ``read_warm`` (the same read again, from the page cache) and
+``read_stream`` (a cold read in 16 MiB chunks into one reused buffer: the disk's speed with
+no new memory to fault in, a ceiling no format reaches). The last stdout line is one JSON
+object with every figure and the ratios to raw (``read``).
 
 Usage::
 
@@ -81,13 +83,28 @@ def raw_local(directory: str, keys: np.ndarray, values: np.ndarray) -> dict[str,
                 assert f.readinto(array.reshape(-1).view(np.uint8).data) == array.nbytes
         return arrays
 
+    def read_stream() -> None:
+        chunk = bytearray(16 << 20)
+        for path in paths:
+            with open(path, "rb", buffering=0) as f:
+                while f.readinto(chunk):
+                    pass
+
     read_s, arrays = timed(read)
     assert np.array_equal(arrays[0], keys)
     del arrays
     read_warm_s, _ = timed(read)
     for path in paths:
+        drop_cache(path)
+    read_stream_s, _ = timed(read_stream)
+    for path in paths:
         os.unlink(path)
-    return {"write_s": write_s, "read_s": read_s, "read_warm_s": read_warm_s}
+    return {
+        "write_s": write_s,
+        "read_s": read_s,
+        "read_warm_s": read_warm_s,
+        "read_stream_s": read_stream_s,
+    }
 
 
 def raw_s3(backend: Backend, keys: np.ndarray, values: np.ndarray) -> dict[str, float]:
@@ -144,11 +161,11 @@ def summarise(data_bytes: int, figures: dict[str, dict[str, dict[str, float]]]) 
         raw = entries["raw"]
         for entry, f in entries.items():
             row = out.setdefault(entry, {}).setdefault(backend_name, {})
-            for direction in ("write", "read", "read_warm"):
+            for direction in ("write", "read", "read_warm", "read_stream"):
                 if f"{direction}_s" not in f:
                     continue
                 row[direction] = mb_per_s(data_bytes, f[f"{direction}_s"])
-                if entry != "raw" and direction != "read_warm":
+                if entry != "raw" and direction in ("write", "read"):
                     row[f"{direction}_vs_raw"] = round(
                         raw[f"{direction}_s"] / f[f"{direction}_s"], 2
                     )

@@ -138,6 +138,17 @@ def _metadata(where: str, tail: bytes) -> pq.FileMetaData:
         return pq.read_metadata(pa.py_buffer(MAGIC + tail))
 
 
+def _checked_metadata(where: str, tail: bytes, expected: ShardInfo) -> pq.FileMetaData:
+    """The footer's metadata, once its columns and row groups match ``expected``."""
+    metadata = _metadata(where, tail)
+    check_columns(where, metadata.schema.to_arrow_schema(), expected.schema)
+    if metadata.num_row_groups != len(expected.parts):
+        raise FormatError(
+            f"{where}: expected {len(expected.parts)} row groups, found {metadata.num_row_groups}"
+        )
+    return metadata
+
+
 def _read_verified(
     backend: Backend,
     path: str,
@@ -154,13 +165,7 @@ def _read_verified(
             raise FormatError(f"{where} is not a Parquet file: it starts with {head[:4]!r}")
         if not expected.parts:
             return
-        metadata = _metadata(where, tail)
-        check_columns(where, metadata.schema.to_arrow_schema(), expected.schema)
-        if metadata.num_row_groups != len(expected.parts):
-            raise FormatError(
-                f"{where}: expected {len(expected.parts)} row groups, "
-                f"found {metadata.num_row_groups}"
-            )
+        metadata = _checked_metadata(where, tail, expected)
         size, footer_at = expected.files[0].bytes, expected.parts[-1].ranges[0].end
         reader = PartReader(f, where)
 
