@@ -3,7 +3,8 @@
 Every shard of every variable is read in full with its recorded ``ShardInfo``, so the
 format checks every byte against the crc32c of its part and of its file; before that,
 each file's presence and size are checked against the manifest, and every rank's shards
-against the manifest's topology. Needs no TensorFlow.
+against the manifest's topology. A delta's tombstone shards are read like its row shards,
+and every link of its chain must exist and be committed. Needs no TensorFlow.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from de_store.backends.base import Backend
 from de_store.errors import CheckpointError, DeStoreError
 from de_store.formats import ShardInfo, get_format
 from de_store.progress import NO_PROGRESS, Progress
+from de_store.saver.chain import resolve_chain
 from de_store.saver.commit import read_manifest
 from de_store.saver.manifest import Manifest, VariableEntry
 
@@ -54,15 +56,28 @@ def verify_checkpoint(
         return VerifyReport(0, 0, 0, [Problem(where, str(err))])
     folder_backend = backend.sub(folder)
     progress.total = manifest.bytes
-    problems = _topology_problems(manifest)
+    problems = _topology_problems(manifest) + _chain_problems(backend, name, manifest)
     files = rows = 0
     for entry in manifest.variables.values():
-        for record in entry.shards:
+        for record in [*entry.shards, *entry.removed]:  # rows, then tombstones of a delta
             info = ShardInfo.from_dict(record.info)
             files += len(info.files)
             problems += _check_shard(folder_backend, info, progress)
             rows += info.rows
     return VerifyReport(files, manifest.bytes, rows, problems)
+
+
+def _chain_problems(backend: Backend, name: str, manifest: Manifest) -> list[Problem]:
+    """A delta's links must all be there and committed (their files are checked when
+    they are verified themselves)."""
+    problems = []
+    for entry in manifest.variables.values():
+        if entry.incremental:
+            try:
+                resolve_chain(backend, name, entry.name)
+            except DeStoreError as err:
+                problems.append(Problem("chain", str(err)))
+    return problems
 
 
 def _topology_problems(manifest: Manifest) -> list[Problem]:

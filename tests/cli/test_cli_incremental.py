@@ -271,3 +271,20 @@ def test_ls_marks_an_orphan_a_kept_delta_needs_as_parent_and_gc_keeps_it(tmp_pat
     }
     assert main(["gc", str(tmp_path)]) == 0  # gc agrees: only the unneeded orphan goes
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-1", "ckpt-2", "ckpt-3"]
+
+
+def test_verify_reads_a_deltas_tombstones_and_checks_its_links(tmp_path, capsys) -> None:
+    build_chain(tmp_path, slots=False)
+    src = str(tmp_path / "ckpt-3")
+    assert main(["verify", src]) == 0
+    capsys.readouterr()
+    tombstones = json.loads(run_main("inspect", "--json", src)[1])["variables"]["emb"]
+    victim = tmp_path / "ckpt-3" / tombstones["removed_files"][0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    shutil.rmtree(tmp_path / "ckpt-2")
+    assert main(["verify", src]) == 1
+    out = capsys.readouterr().out
+    assert victim.name in out
+    assert f"{tmp_path}/ckpt-3 depends on {tmp_path}/ckpt-2, which does not exist" in out
