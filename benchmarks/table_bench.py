@@ -4,8 +4,10 @@ Usage: ``python benchmarks/table_bench.py --keys N --dim D --batch B``
 
 Measures insert, lookup of present keys, lookup of missing keys and export, in keys per
 second, plus the table's own bytes and the process's peak RSS. ``ours`` grows from empty;
-``ours_presized`` is given ``init_size`` like the pre-sized ``dense_hash_table``. The last
-stdout line is one JSON object with every figure.
+``ours_presized`` is given ``init_size`` like the pre-sized ``dense_hash_table``.
+``train_step`` times a training-style step (lookup of a batch of present keys, then accum
+of deltas for them) on a pre-sized table with change tracking on and off. The last stdout
+line is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -99,6 +101,31 @@ def _measure(
     return result
 
 
+def _train_step(keys: np.ndarray, values: np.ndarray, batch: int) -> dict[str, float]:
+    """Keys per second of lookup + accum steps, with change tracking on and off."""
+    dim = values.shape[1]
+    rng = np.random.default_rng(1)
+    steps = [tf.constant(rng.choice(keys, min(batch, len(keys)), replace=False)) for _ in range(5)]
+    deltas = tf.constant(values[: int(steps[0].shape[0])] * 1e-3)
+    result = {}
+    for tracked in (True, False):
+        table = HashTable(
+            tf.int64, tf.float32, dim, name="train", init_size=len(keys), track_changes=tracked
+        )
+        for start in range(0, len(keys), batch):
+            table.insert(keys[start : start + batch], values[: len(keys[start : start + batch])])
+
+        def step(batch_keys: tf.Tensor, table: HashTable = table) -> tf.Tensor:
+            rows, _ = table.lookup(batch_keys)
+            table.accum(batch_keys, deltas, insert_missing=False)
+            return rows
+
+        step(steps[0])  # warm up
+        result["tracked" if tracked else "untracked"] = _timed(steps, step)
+        del table
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -118,6 +145,8 @@ def main() -> None:
             {k: f"{v / 1e6:.2f}M" if k != "table_bytes" else v for k, v in report[kind].items()},
             flush=True,
         )
+    report["train_step"] = _train_step(keys, values, args.batch)
+    print("train_step", {k: f"{v / 1e6:.2f}M" for k, v in report["train_step"].items()}, flush=True)
     raw = args.keys * (8 + 4 * args.dim)
     report["raw_bytes"] = raw
     report["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from de_store.tables import HashTable, MutableTable
+from de_store.tables import HashTable, MutableTable, _probe
 
 CORES = {
     "hash": lambda **kw: HashTable(tf.int64, tf.float32, 3, name="emb/user", **kw),
@@ -160,3 +160,32 @@ def test_reserve_grows_once_for_a_bulk_load():
     values, exists = table.lookup(np.array([7, 4999, 5000], np.int64))
     assert exists.numpy().tolist() == [True, True, False]
     assert values.numpy().tolist() == [[7, -7], [4999, -4999], [0, 0]]
+
+
+def test_big_batches_agree_with_a_dict():
+    """Batches past the size where the first window is read by an XLA kernel."""
+    table = HashTable(tf.int64, tf.float32, 2, name="big_batches")
+    rng = np.random.default_rng(7)
+    n = _probe.XLA_MIN_KEYS + 5000
+    keys = rng.integers(-(1 << 40), 1 << 40, n, dtype=np.int64)
+    keys[::7] = keys[: len(keys[::7])]  # repeated keys, some in the same batch
+    rows = np.stack([np.arange(n), -np.arange(n)], axis=1).astype(np.float32)
+    model: dict[int, list[float]] = {}
+    for start in (0, n // 3):
+        batch, values = keys[start:], rows[start:] + start
+        table.insert(batch, values)
+        model.update(zip(batch.tolist(), values.tolist(), strict=True))
+        table.accum(batch[::2], np.ones([len(batch[::2]), 2], np.float32))
+        for key in batch[::2].tolist():
+            model[key] = [model[key][0] + 1, model[key][1] + 1]
+    table.remove(keys[: n // 4])
+    for key in keys[: n // 4].tolist():
+        model.pop(key, None)
+    probe = np.concatenate([keys, keys + 1])
+    values, exists = table.lookup(probe)
+    expected = [key in model for key in probe.tolist()]
+    assert exists.numpy().tolist() == expected
+    present = np.asarray(expected)
+    want = np.array([model[key] for key in probe[present].tolist()], np.float32)
+    np.testing.assert_array_equal(values.numpy()[present], want)
+    assert int(table.size()) == len(model)
