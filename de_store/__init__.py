@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from de_store.convert import compact
+    from de_store.compact import compact
     from de_store.embedding import TrainableWrapper, embedding_lookup
     from de_store.partition import default_partition_fn
     from de_store.restrict import (
@@ -33,7 +33,7 @@ _LAZY_NAMES = {
     "TimestampRestrictPolicy": "de_store.restrict",
     "FileSystemSaver": "de_store.saver",
     "IncrementalPolicy": "de_store.saver.incremental",
-    "compact": "de_store.convert",
+    "compact": "de_store.compact",
     "SaveHandle": "de_store.saver",
     "restore": "de_store.saver",
     "save": "de_store.saver",
