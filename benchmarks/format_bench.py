@@ -12,9 +12,9 @@ MB/s count the logical data, N * (8 + 4 D) bytes, for every entry, so ratios com
 Each figure is the median of ``--repeat`` rounds; a round measures raw and every format one
 after the other, so a shared machine's load shifts them alike. The raw local entry also
 gives, for contrast, ``read_warm`` (the same read again, from the page cache) and
-``read_stream`` (a cold read in 16 MiB chunks into one reused buffer: the disk's speed with
-no new memory to fault in, a ceiling no format reaches). The last stdout line is one JSON
-object with every figure and the ratios to raw (``read``).
+``read_stream`` (a cold read in 16 MiB chunks into one reused buffer: no new memory to
+fault in, unlike ``read``). The last stdout line is one JSON object with every figure and
+the ratios to raw (``read``).
 
 Usage::
 
