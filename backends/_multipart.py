@@ -12,7 +12,9 @@ s3fs's file object also reads in blocks, one ranged GET each (``block_size`` plu
 asked for). :class:`StreamingDownload` reads a sequential run of reads from a single GET of
 the rest of the object, holding no buffer of its own: a store then serves the object once,
 not once per block, and each request's latency is paid once. A seek elsewhere (backwards,
-or further forwards than ``skip_limit``) starts a new GET from there.
+or further forwards than ``skip_limit``) starts a new GET from there. Between reads the
+open GET holds one connection of the filesystem's pool (``max_pool_connections``) until
+the file is closed, as ``open_read``'s context does on exit.
 """
 
 from __future__ import annotations
