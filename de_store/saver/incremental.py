@@ -81,12 +81,16 @@ class ChangeBase:
 
 
 def full_save_reason(
-    policy: IncrementalPolicy, base: ChangeBase | None, variable: Any, url: str | None
+    policy: IncrementalPolicy,
+    base: ChangeBase | None,
+    variable: Any,
+    url: str | None,
+    location: str | None = None,
 ) -> str | None:
     """Why ``variable``'s save into ``url`` must be full, or None when a delta will do.
 
-    ``url`` None (an async snapshot, target not known yet) skips the location check;
-    the write checks it.
+    An async snapshot is taken before its target is known: ``url`` is None and
+    ``location`` the parent URL it is expected in (None: not known, the save is full).
     """
     if base is None:
         return "no committed checkpoint of it since it was created, cleared or last failed"
@@ -94,6 +98,10 @@ def full_save_reason(
         return f"its columns changed since {base.url}"
     if url is not None and not is_sibling(base.url, url):
         return f"{url} is not a new folder beside its base {base.url}"
+    if url is None and location is None:
+        return "the target of the async save is not known yet"
+    if url is None and location_of(base.url) != location:
+        return f"its base {base.url} is not in {location}, where the async saves go"
     if base.chain_length >= policy.full_every:
         return f"the chain has {base.chain_length} links (full_every={policy.full_every})"
     if base.delta_bytes > policy.max_chain_ratio * base.full_bytes:
@@ -102,6 +110,11 @@ def full_save_reason(
             f"of its full save's {base.full_bytes}"
         )
     return None
+
+
+def location_of(url: str) -> str:
+    """The parent URL of a checkpoint folder."""
+    return url.rstrip("/").rpartition("/")[0]
 
 
 def is_sibling(base_url: str, url: str) -> bool:
@@ -116,9 +129,12 @@ def tracks_changes(variable: Any) -> bool:
     return tables is not None and all(getattr(t, "track_changes", False) for t in tables())
 
 
-def snapshot(variable: Any, policy: IncrementalPolicy | None, url: str | None) -> VariableRows:
+def snapshot(
+    variable: Any, policy: IncrementalPolicy | None, url: str | None, location: str | None = None
+) -> VariableRows:
     """A save's rows of ``variable`` (eagerly): a delta on its ``change_base`` when the
-    policy allows, else every row; with a policy, marked so the next save can be a delta.
+    policy allows (see :func:`full_save_reason`), else every row; with a policy, marked so
+    the next save can be a delta.
 
     Tables that do not track changes (``HashTableCreator(track_changes=False)``) always
     save full.
@@ -130,7 +146,7 @@ def snapshot(variable: Any, policy: IncrementalPolicy | None, url: str | None) -
     if base is not None:  # no later delta is taken since an older mark
         for table in variable.tables():
             table.forget_removed(base.mark)
-    if base is None or full_save_reason(policy, base, variable, url) is not None:
+    if base is None or full_save_reason(policy, base, variable, url, location) is not None:
         return dataclasses.replace(export_rows(variable), mark=mark)
     return dataclasses.replace(export_delta(variable, base.mark), mark=mark, base=base)
 

@@ -11,7 +11,9 @@ saves the copies in a background thread. The copy is a :class:`VariableSnapshot`
 capture runs in a ``tf.py_function``, so every save replays it and reads the tables as they
 are at ``save()`` time, while training goes on. With an incremental saver the capture takes
 the snapshot mark and reads only the delta (TF waits for the previous save to finish before
-capturing, so the base is that save once committed).
+capturing, so the base is that save once committed). The target folder is not known at
+capture: a delta is taken only when the last two async saves went to two folders of one
+location (numbered prefixes, as ``Checkpoint.save`` and ``CheckpointManager`` make).
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ class VariableSnapshot(trackable_base.Trackable):
     def __init__(self, variable: Any) -> None:
         self.variable = variable
         self.rows: VariableRows | None = None
+        #: The KV checkpoint URLs of the last two saves of this snapshot.
+        self.targets: list[str] = []
+
+    def note_target(self, url: str) -> None:
+        self.targets = [*self.targets, url][-2:]
+
+    def next_location(self) -> str | None:
+        """Where the next save is expected: the location of the last two when they were
+        two folders of one location; None (unknown: the next save is full) otherwise."""
+        if len(self.targets) < 2 or self.targets[0] == self.targets[1]:
+            return None
+        locations = {incremental.location_of(url) for url in self.targets}
+        return locations.pop() if len(locations) == 1 else None
 
     @tf.autograph.experimental.do_not_convert
     def capture(self) -> None:
@@ -52,7 +67,8 @@ class VariableSnapshot(trackable_base.Trackable):
 
     def _capture_eagerly(self) -> list[Any]:
         # the target folder is not known yet: the write checks the delta may go there
-        self.rows = incremental.snapshot(self.variable, saver_of(self.variable).incremental, None)
+        policy = saver_of(self.variable).incremental
+        self.rows = incremental.snapshot(self.variable, policy, None, self.next_location())
         return []
 
 
@@ -162,6 +178,7 @@ def _rows_of(objs: list[Any], saver: FileSystemSaver, target: str) -> list[Varia
         elif obj.rows is None:
             raise RuntimeError(f"variable {obj.variable.name!r}: async snapshot was not taken")
         else:
+            obj.note_target(target)
             out.append(obj.rows)
     return out
 

@@ -456,7 +456,35 @@ def test_async_saves_while_training_restore_exactly_in_the_write_callback(tmp_pa
     ckpt.sync()
     assert set(expected[0]) == {"value", "adam_m", "adam_v"}
     assert seen == expected
-    assert kinds_of(tmp_path / "de_store", range(1, 7)) == "FDDDFD"
+    assert kinds_of(tmp_path / "de_store", range(1, 7)) == "FFDDDF"  # 2 targets seen: deltas
+
+
+def test_async_saves_away_from_the_base_or_over_one_prefix_are_full(tmp_path) -> None:
+    saver = ds.FileSystemSaver(incremental=NO_FULL)
+    var, model = make_tracked(saver=saver), Model(seed=11)
+    model.step(var)
+    tf.train.Checkpoint(emb=var).write(str(tmp_path / "old" / "ckpt"))  # the base, elsewhere
+    options = tf.train.CheckpointOptions(enable_async=True)
+    ckpt = tf.train.Checkpoint(emb=var)
+    expected = {}
+    for _ in range(3):  # numbered prefixes: deltas once two targets were seen
+        model.step(var)
+        expected[ckpt.save(str(tmp_path / "new" / "ckpt"), options=options)] = model.state()
+    other, other_model = make_tracked("other", saver), Model(seed=12)
+    other_ckpt = tf.train.Checkpoint(emb=other)
+    for _ in range(3):  # one prefix rewritten: its own base, never a delta on it
+        other_model.step(other)
+        other_ckpt.write(str(tmp_path / "latest"), options=options)
+        other_ckpt.sync()
+        assert not manifest_of(str(tmp_path / "de_store" / "latest")).incremental
+    ckpt.sync()
+    assert kinds_of(tmp_path / "new" / "de_store", range(1, 4)) == "FFD"
+    checks = [("emb", p, state) for p, state in expected.items()]
+    checks.append(("other", str(tmp_path / "latest"), other_model.state()))
+    for name, path, state in checks:
+        probe = make_tracked(name, ds.FileSystemSaver(), shards=3)
+        tf.train.Checkpoint(emb=probe).read(path).expect_partial()
+        assert state_of(probe) == state
 
 
 # --- object stores and processes ------------------------------------------------------------
