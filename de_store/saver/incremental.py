@@ -69,6 +69,8 @@ class ChangeBase:
     full_bytes: bytes of the chain's full entry of this variable.
     delta_bytes: bytes of the chain's delta entries of this variable so far.
     columns: the saved columns; a variable with other columns now saves full.
+    previous: the last base before it in another location (say the checkpoint before a
+        SavedModel export): a later save beside ``previous`` is a delta on it.
     """
 
     url: str
@@ -78,6 +80,11 @@ class ChangeBase:
     full_bytes: int
     delta_bytes: int
     columns: dict[str, ColumnSpec]
+    previous: ChangeBase | None = None
+
+    def candidates(self) -> list[ChangeBase]:
+        """This base and the previous one, if any: what the next delta may apply on."""
+        return [self] if self.previous is None else [self, self.previous]
 
 
 def full_save_reason(
@@ -141,14 +148,23 @@ def snapshot(
     """
     if policy is None or not tracks_changes(variable):
         return export_rows(variable)
-    base = variable.change_base if isinstance(variable.change_base, ChangeBase) else None
+    current = variable.change_base if isinstance(variable.change_base, ChangeBase) else None
+    candidates = current.candidates() if current is not None else []
     mark = variable.next_change_epoch()
-    if base is not None:  # no later delta is taken since an older mark
+    if candidates:  # no later delta is taken since an older mark
         for table in variable.tables():
-            table.forget_removed(base.mark)
+            table.forget_removed(min(base.mark for base in candidates))
+    base = next((b for b in candidates if _located(b, url, location)), current)
     if base is None or full_save_reason(policy, base, variable, url, location) is not None:
         return dataclasses.replace(export_rows(variable), mark=mark)
     return dataclasses.replace(export_delta(variable, base.mark), mark=mark, base=base)
+
+
+def _located(base: ChangeBase, url: str | None, location: str | None) -> bool:
+    """Whether a delta on ``base`` may go to ``url`` (or, not known yet, to ``location``)."""
+    if url is not None:
+        return is_sibling(base.url, url)
+    return location is not None and location_of(base.url) == location
 
 
 def snapshots(
@@ -176,8 +192,19 @@ def record_commit(variable: Any, rows: VariableRows, url: str, manifest: Manifes
         length, full, deltas = old.chain_length + 1, old.full_bytes, old.delta_bytes + entry.bytes
     else:
         length, full, deltas = 1, entry.bytes, 0
+    previous = _elsewhere(variable.change_base, url)
     _set_base(variable, ChangeBase(url, rows.mark, manifest.created, length, full, deltas,
-                                   dict(entry.columns)))  # fmt: skip
+                                   dict(entry.columns), previous))  # fmt: skip
+
+
+def _elsewhere(current: Any, url: str) -> ChangeBase | None:
+    """The newest base among ``current``'s candidates in another location than ``url``."""
+    if not isinstance(current, ChangeBase):
+        return None
+    for base in current.candidates():
+        if location_of(base.url) != location_of(url):
+            return dataclasses.replace(base, previous=None)
+    return None
 
 
 def record_failure(variable: Any) -> None:

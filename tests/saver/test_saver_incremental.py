@@ -358,6 +358,32 @@ def test_saves_elsewhere_or_into_the_base_itself_are_full(tmp_path) -> None:
     restored = make_tracked()
     ds.restore([restored], str(tmp_path / "b" / "ckpt-2"))
     assert state_of(restored) == model.state()
+    model.step(var)  # back beside the first: a delta on it, the last base there
+    ds.save([var], str(tmp_path / "a" / "ckpt-3"), incremental=NO_FULL, blocking=True)
+    assert manifest_of(str(tmp_path / "a" / "ckpt-3")).parent == "ckpt-0"
+    ds.restore([restored], str(tmp_path / "a" / "ckpt-3"))
+    assert state_of(restored) == model.state()
+
+
+def test_a_saved_model_export_between_checkpoints_keeps_their_chain(tmp_path) -> None:
+    saver = ds.FileSystemSaver(incremental=NO_FULL)
+    var, model = make_tracked(saver=saver), Model(seed=13)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(emb=var), tmp_path / "ckpt", 5)
+    expected = {}
+    for step in range(4):
+        model.step(var)
+        expected[manager.save()] = model.state()
+        if step % 2 == 0:  # a SavedModel for serving: full, in its own folder
+            module = tf.Module()
+            module.emb = var
+            tf.saved_model.save(module, str(tmp_path / f"export-{step}"))
+            kv_url = str(tmp_path / f"export-{step}" / "variables" / "de_store" / "variables")
+            assert not manifest_of(kv_url).incremental
+    assert kinds_of(tmp_path / "ckpt" / "de_store", range(1, 5)) == "FDDD"
+    for path, state in expected.items():
+        probe = make_tracked(saver=ds.FileSystemSaver(), shards=3)
+        tf.train.Checkpoint(emb=probe).read(path).expect_partial()
+        assert state_of(probe) == state
 
 
 def test_a_missing_or_uncommitted_link_is_named_and_nothing_is_restored(tmp_path) -> None:
