@@ -21,13 +21,6 @@ DELETED = -2
 # Claim tokens sit above every real row id, so a token is always the max of a slot.
 TOKEN_BASE = 1 << 40
 MIN_CAPACITY = 16
-#: Slots a key reads at once: a key's chain goes by aligned windows of this many slots
-#: (64 bytes of the index, one cache line).
-WINDOW = 4
-_WINDOW_BITS = 2
-PENDING = -3  # the row code of a key :func:`read_windows` could not settle
-#: Batches from this size on read their home windows through XLA (see :func:`read_windows`).
-XLA_MIN_KEYS = 1 << 16
 #: Row stamps (the epoch of a row's last write) are 4 bytes a row: uint32 has GPU
 #: gathers and scatters, int32 does not.
 STAMP_DTYPE = tf.uint32
@@ -184,103 +177,6 @@ def kernels_for(config: Config) -> Kernels:
     return Kernels(config)
 
 
-def read_windows(
-    index: tf.Variable, keys: tf.Tensor, starts: tf.Tensor | None = None
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """Read one window of each key's chain, from ``starts`` (default: the key's home).
-
-    Returns ``(slots, rows)`` per key: a key found there gets its slot and row; an absent
-    key (an empty slot in the window) an empty slot and ``EMPTY``; any other key the first
-    slot of the next window and ``PENDING``.
-
-    A big batch reads its home windows in an XLA kernel: there a window is one contiguous
-    row of the index seen as ``[capacity / WINDOW, WINDOW, 2]`` (XLA reads the variable in
-    place, where a graph's read of a variable that sparse ops use copies it whole), and
-    the hash, gather and compare fuse. The batch is padded to a power of two, so that XLA
-    compiles once per size class and index capacity. Other reads gather the window's
-    slots one by one.
-    """
-    if starts is not None:
-        return _read_slot_windows(index, keys, starts)
-    n = _count(keys)
-
-    def compiled() -> tuple[tf.Tensor, tf.Tensor]:
-        size = tf.bitwise.left_shift(tf.constant(1, tf.int64), _bit_length(n - 1))
-        padding = tf.zeros(tf.reshape(size - n, [1]), tf.int64)
-        slots, rows = _read_home_windows(index.handle, tf.concat([keys, padding], axis=0))
-        return slots[:n], rows[:n]
-
-    return tf.cond(n >= XLA_MIN_KEYS, compiled, lambda: _read_slot_windows(index, keys, None))
-
-
-@tf.function(
-    jit_compile=True,
-    autograph=False,
-    input_signature=[tf.TensorSpec([], tf.resource), tf.TensorSpec([None], tf.int64)],
-)
-def _read_home_windows(index_handle: tf.Tensor, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """:func:`read_windows` from the keys' homes (XLA)."""
-    index = _handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
-    mask = variable_length(index) - 1
-    hashes = hash_keys(keys)
-    starts = tf.bitwise.bitwise_and(hashes, mask - (WINDOW - 1))
-    windows = tf.reshape(index.read_value(), [-1, WINDOW, 2])
-    entries = tf.gather(windows, tf.bitwise.right_shift(starts, _WINDOW_BITS))
-    return _settle(entries, keys, hashes, starts, mask)
-
-
-def _read_slot_windows(
-    index: tf.Variable, keys: tf.Tensor, starts: tf.Tensor | None
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """:func:`read_windows` by gathering each window's slots."""
-    mask = variable_length(index) - 1
-    hashes = hash_keys(keys)
-    if starts is None:
-        starts = tf.bitwise.bitwise_and(hashes, mask - (WINDOW - 1))
-    entries = tf.gather(index, starts[:, None] + tf.range(WINDOW, dtype=tf.int64))
-    return _settle(entries, keys, hashes, starts, mask)
-
-
-def _settle(
-    entries: tf.Tensor, keys: tf.Tensor, hashes: tf.Tensor, starts: tf.Tensor, mask: tf.Tensor
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """What the window ``entries [n, WINDOW, 2]`` at ``starts`` say (see :func:`read_windows`).
-
-    Keys are placed by window, not by slot: a key sits in the first window of its chain
-    that had an empty slot when it came (a window never gets an empty slot back before a
-    rehash), in any of that window's slots. An absent key picks the first empty slot from
-    a lane its hash chooses, so that distinct keys of one window rarely race for the same
-    slot, while duplicates always do.
-    """
-    rows = entries[:, :, 1]
-    match = tf.logical_and(tf.equal(entries[:, :, 0], keys[:, None]), rows >= 0)
-    empty = tf.equal(rows, EMPTY)
-    lane = tf.bitwise.bitwise_and(tf.bitwise.right_shift(hashes, 40), WINDOW - 1)
-    # A score per slot: a match beats an empty slot, which beats nothing; among empty
-    # slots, the first from ``lane`` on (cyclically) wins. (Small integers as float32:
-    # GPU ArgMax takes no integer input.)
-    order = tf.bitwise.bitwise_and(tf.range(WINDOW, dtype=tf.int64) - lane[:, None], WINDOW - 1)
-    flags = 2 * WINDOW * tf.cast(match, tf.float32) + WINDOW * tf.cast(empty, tf.float32)
-    score = flags - tf.cast(order, tf.float32)
-    best = tf.reduce_max(score, axis=1)
-    slots = starts + tf.argmax(score, axis=1, output_type=tf.int64)
-    hit, absent = best > WINDOW, best > 0
-    found = tf.reduce_max(tf.where(match, rows, EMPTY), axis=1)
-    code = tf.where(absent, tf.constant(EMPTY, tf.int64), tf.constant(PENDING, tf.int64))
-    slots = tf.where(absent, slots, tf.bitwise.bitwise_and(starts + WINDOW, mask))
-    return slots, tf.where(hit, found, code)
-
-
-def _bit_length(x: tf.Tensor) -> tf.Tensor:
-    """Bits needed for the non-negative int64 ``x`` (0 for 0)."""
-    bits = tf.constant(0, tf.int64)
-    for shift in (32, 16, 8, 4, 2, 1):
-        more = tf.bitwise.right_shift(x, shift) > 0
-        x = tf.where(more, tf.bitwise.right_shift(x, shift), x)
-        bits += tf.where(more, tf.constant(shift, tf.int64), 0)
-    return bits + tf.cast(x > 0, tf.int64)
-
-
 class TableOps:
     """Graph operations over one table's variables (built while tracing a kernel)."""
 
@@ -303,57 +199,10 @@ class TableOps:
         ``slots[i]`` is the slot holding ``keys[i]``; a missing key gets ``-1``, or, when
         ``claim``, an empty slot it (or a duplicate of it) claimed with a token. ``rows[i]`` is
         the slot's row id as seen when the key was found (a token for a fresh claim).
-
-        Keys read their chain a window at a time (:func:`read_windows`). The first window
-        settles most keys, in batch order; the others go on in rounds
-        (:meth:`probe_rest`).
+        Each round works on the keys still unresolved only.
         """
-        positions = tf.range(_count(keys))
-        found, pending, starts = self.probe_windows(positions, keys, None, claim)
-        rest = tf.where(pending)[:, 0]
-        found = tf.cond(
-            _count(rest) > 0,
-            lambda: tf.tensor_scatter_nd_update(
-                found,
-                *self.probe_rest(rest, tf.gather(keys, rest), tf.gather(starts, rest), claim),
-            ),
-            lambda: found,
-        )
-        return found[:, 0], found[:, 1]
-
-    def probe_windows(
-        self, positions: tf.Tensor, keys: tf.Tensor, starts: tf.Tensor | None, claim: bool
-    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """One window of each key's chain: ``(found [n, 2], pending [n], next_starts [n])``.
-
-        ``found`` holds (slot, row) as :meth:`probe` returns them for the keys settled
-        here; a pending key (a full window, or a lost race for an empty slot) goes on from
-        its next start (the next window, or the same one after a lost race).
-        """
-        slots, rows = read_windows(self.t.index, keys, starts)
-        absent = tf.equal(rows, EMPTY)
-        window = tf.bitwise.bitwise_and(slots, -WINDOW)
-        if claim:
-            won = self._claim(positions + TOKEN_BASE, keys, slots, absent)
-            hit = rows >= 0
-            rows = tf.where(hit, rows, positions + TOKEN_BASE)
-            pending = tf.logical_not(tf.logical_or(hit, won))
-            # A loser of a race reads its window again: the winner may be a duplicate.
-            starts = tf.where(absent, window, slots)
-        else:
-            slots = tf.where(absent, tf.constant(-1, tf.int64), slots)
-            pending = tf.equal(rows, PENDING)
-            starts = slots
-        return tf.stack([slots, rows], axis=1), pending, starts
-
-    def probe_rest(
-        self, idx: tf.Tensor, keys: tf.Tensor, starts: tf.Tensor, claim: bool
-    ) -> tuple[tf.Tensor, tf.Tensor]:
-        """Probe on from ``starts``, a window a round, for the keys at batch positions ``idx``.
-
-        Returns ``(at [m, 1], found [m, 2])``: batch positions and their (slot, row), as
-        :meth:`probe`. Each round works on the keys still unresolved only.
-        """
+        t = self.t
+        mask = variable_length(t.index) - 1
         found = tf.TensorArray(
             tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=[None]
         )
@@ -361,40 +210,72 @@ class TableOps:
             tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=[None, 2]
         )
 
-        def body(step, idx, ks, starts, found, found_at):
-            entries, pending, starts = self.probe_windows(idx, ks, starts, claim)
-            done_at = tf.where(tf.logical_not(pending))[:, 0]
+        def body(step, idx, ks, pos, found, found_at):
+            entry = tf.gather(t.index, pos)
+            rows = entry[:, 1]
+            hit = tf.logical_and(rows >= 0, tf.equal(entry[:, 0], ks))
+            empty = tf.equal(rows, EMPTY)
+            if claim:
+                done = tf.logical_or(hit, self._claim(idx, ks, pos, empty))
+                # A loser of a race stays: the winner may be a duplicate of it.
+                next_pos = tf.where(empty, pos, tf.bitwise.bitwise_and(pos + 1, mask))
+            else:
+                done = tf.logical_or(hit, empty)
+                next_pos = pos  # moved below, for the kept keys only
+            done_at = tf.where(done)[:, 0]
             found = found.write(step, tf.gather(idx, done_at))
-            found_at = found_at.write(step, tf.gather(entries, done_at))
-            keep = tf.where(pending)[:, 0]
-            return (step + 1, *[tf.gather(x, keep) for x in (idx, ks, starts)], found, found_at)
+            hit, rows = tf.gather(hit, done_at), tf.gather(rows, done_at)
+            if claim:  # the slot, and the row found or the claim token
+                tokens = tf.gather(idx, done_at) + TOKEN_BASE
+                at = [tf.gather(pos, done_at), tf.where(hit, rows, tokens)]
+            else:  # the slot and row found, or (-1, EMPTY)
+                at = [tf.where(hit, tf.gather(pos, done_at), -1), tf.where(hit, rows, EMPTY)]
+            found_at = found_at.write(step, tf.stack(at, axis=1))
+            keep = tf.where(tf.logical_not(done))[:, 0]
+            kept = [tf.gather(x, keep) for x in (idx, ks, next_pos)]
+            if not claim:
+                kept[2] = tf.bitwise.bitwise_and(kept[2] + 1, mask)
+            return (step + 1, *kept, found, found_at)
 
         loop = tf.while_loop(
             lambda step, idx, *_: _count(idx) > 0,
             body,
-            (tf.constant(0, tf.int32), idx, keys, starts, found, found_at),
+            (
+                tf.constant(0, tf.int32),
+                tf.range(_count(keys)),
+                keys,
+                tf.bitwise.bitwise_and(hash_keys(keys), mask),
+                found,
+                found_at,
+            ),
             shape_invariants=(
                 tf.TensorShape([]),
                 *[tf.TensorShape([None])] * 3,
                 *[tf.TensorShape(None)] * 2,
             ),
         )
-        return loop[4].concat()[:, None], loop[5].concat()
+        # Put the per-round results back in batch order (``order`` is a permutation).
+        order = tf.cast(loop[4].concat(), tf.int32)
+        result = tf.dynamic_stitch([order], [loop[5].concat()])
+        return result[:, 0], result[:, 1]
 
     def _claim(
-        self, tokens: tf.Tensor, keys: tf.Tensor, slots: tf.Tensor, empty: tf.Tensor
+        self, idx: tf.Tensor, keys: tf.Tensor, pos: tf.Tensor, empty: tf.Tensor
     ) -> tf.Tensor:
-        """Race for empty ``slots`` with ``(key, token)`` entries; return which keys won.
+        """Race for empty slots with ``(key, token)`` entries; return which keys won theirs.
 
         Any one writer of a contested slot may win, and a GPU scatter may even mix the
         columns of two writers, so the winner (by token) writes its entry once more.
         """
         t = self.t
+        tokens = idx + TOKEN_BASE
         at = tf.where(empty)[:, 0]
-        write_slots(t.index, tf.gather(slots, at), _entries(keys, tokens, at))
-        won = tf.logical_and(empty, tf.equal(tf.gather(t.index, slots)[:, 1], tokens))
+        t.index.scatter_update(tf.IndexedSlices(_entries(keys, tokens, at), tf.gather(pos, at)))
+        won = tf.logical_and(empty, tf.equal(tf.gather(t.index, pos)[:, 1], tokens))
         at = tf.where(won)[:, 0]
-        written = write_slots(t.index, tf.gather(slots, at), _entries(keys, tokens, at))
+        written = t.index.scatter_update(
+            tf.IndexedSlices(_entries(keys, tokens, at), tf.gather(pos, at))
+        )
         # The next probe round must see the written keys: make its inputs wait for them.
         with tf.control_dependencies([written.op] if hasattr(written, "op") else []):
             return tf.identity(won)
@@ -409,12 +290,14 @@ class TableOps:
         """
         t = self.t
         tokens = tf.range(_count(slots)) + TOKEN_BASE
-        write_slots(t.index, slots, tf.stack([keys, tokens], 1))
+        t.index.scatter_update(tf.IndexedSlices(tf.stack([keys, tokens], 1), slots))
         seen = tf.gather(t.index, slots)[:, 1]
 
         def rerace(later: tf.Tensor, rounds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             mine, where_ = tf.gather(tokens, later), tf.gather(slots, later)
-            write_slots(t.index, where_, tf.stack([tf.gather(keys, later), mine], 1))
+            t.index.scatter_update(
+                tf.IndexedSlices(tf.stack([tf.gather(keys, later), mine], 1), where_)
+            )
             held = tf.gather(t.index, where_)[:, 1]
             return tf.boolean_mask(later, mine > held), rounds + 1
 
@@ -430,29 +313,31 @@ class TableOps:
             lambda: tf.equal(seen, tokens),
         )
         with tf.control_dependencies([last]):
-            write_slots(t.index, slots, tf.stack([keys, rows], 1))
+            t.index.scatter_update(tf.IndexedSlices(tf.stack([keys, rows], 1), slots))
         return tf.identity(last)
 
     def place(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """Write distinct ``keys`` absent from the index with their ``rows`` (a rehash).
 
-        Keys race for the empty slots of their windows with their (distinct) row ids;
-        every loser reads its window again, a key with a full window reads the next one.
+        Keys race for empty slots with their (distinct) row ids; every loser moves on.
         """
         t = self.t
+        mask = variable_length(t.index) - 1
 
-        def round_(ks: tf.Tensor, rs: tf.Tensor, starts: tf.Tensor | None) -> tuple[tf.Tensor, ...]:
-            slots, found = read_windows(t.index, ks, starts)
-            absent = tf.equal(found, EMPTY)
-            won = self._claim(rs, ks, slots, absent)
-            starts = tf.where(absent, tf.bitwise.bitwise_and(slots, -WINDOW), slots)
+        def body(ks: tf.Tensor, rs: tf.Tensor, pos: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            at = tf.where(tf.equal(tf.gather(t.index, pos)[:, 1], EMPTY))[:, 0]
+            t.index.scatter_update(tf.IndexedSlices(_entries(ks, rs, at), tf.gather(pos, at)))
+            won = tf.equal(tf.gather(t.index, pos)[:, 1], rs)
+            at = tf.where(won)[:, 0]
+            t.index.scatter_update(tf.IndexedSlices(_entries(ks, rs, at), tf.gather(pos, at)))
             keep = tf.where(tf.logical_not(won))[:, 0]
-            return tf.gather(ks, keep), tf.gather(rs, keep), tf.gather(starts, keep)
+            pos = tf.bitwise.bitwise_and(tf.gather(pos, keep) + 1, mask)
+            return tf.gather(ks, keep), tf.gather(rs, keep), pos
 
         loop = tf.while_loop(
             lambda ks, *_: _count(ks) > 0,
-            round_,
-            round_(keys, rows, None),
+            body,
+            (keys, rows, tf.bitwise.bitwise_and(hash_keys(keys), mask)),
             shape_invariants=(tf.TensorShape([None]),) * 3,
         )
         return _count(loop[0])
@@ -461,7 +346,7 @@ class TableOps:
     def prepare(self, count: tf.Tensor) -> None:
         """Grow the index and the row store once for ``count`` more keys (a bulk load)."""
         self.reserve(count)
-        self._ensure_rows(self.t.next_row + tf.maximum(count - self.t.num_free, 0))
+        self._ensure_rows(self.t.next_row + tf.maximum(count - self.t.num_free, 0), False)
 
     def reserve(self, incoming: tf.Tensor) -> None:
         """Rehash into a bigger index first when ``incoming`` new keys could overflow it."""
@@ -503,12 +388,15 @@ class TableOps:
         t.next_row.assign_add(count - reused)
         return tf.concat([from_free, fresh], axis=0)
 
-    def _ensure_rows(self, needed: tf.Tensor) -> None:
+    def _ensure_rows(self, needed: tf.Tensor, headroom: bool = True) -> None:
         t = self.t
 
         def grow() -> tf.Tensor:
             have = variable_length(t.values)
-            bigger = tf.cast(tf.math.ceil(tf.cast(have, tf.float64) * t.row_growth), tf.int64)
+            # ``row_growth`` times what is held, or, when ``headroom``, times what is needed
+            # if more: a batch bigger than the headroom then does not make the next one grow.
+            base = tf.cast(tf.maximum(needed, have) if headroom else have, tf.float64)
+            bigger = tf.cast(tf.math.ceil(base * t.row_growth), tf.int64)
             # One gather builds the bigger store (a read plus a concat would allocate and
             # copy it twice more). Rows past the old end repeat its last row: a row is
             # written (or zeroed, by accum) whenever it is handed out.
@@ -576,7 +464,9 @@ class TableOps:
         fresh_rows = self.allocate_rows(num_fresh)
         t.num_keys.assign_add(num_fresh)
         at = tf.where(fresh)[:, 0]
-        write_slots(t.index, tf.gather(slots, at), tf.stack([tf.gather(keys, at), fresh_rows], 1))
+        t.index.scatter_update(
+            tf.IndexedSlices(tf.stack([tf.gather(keys, at), fresh_rows], 1), tf.gather(slots, at))
+        )
         claimed = rows >= TOKEN_BASE
         # Usually every claim is its claimer's own (no key repeats a new key of the batch):
         # the fresh rows go straight to the claimers' positions.
@@ -682,7 +572,7 @@ class TableOps:
         last = tf.where(self.last_occurrence(keys, slots, rows))[:, 0]
         keys, slots, rows = (tf.gather(x, last) for x in (keys, slots, rows))
         tombstones = tf.fill(tf.shape(slots), tf.constant(DELETED, tf.int64))
-        write_slots(t.index, slots, tf.stack([keys, tombstones], 1))
+        t.index.scatter_update(tf.IndexedSlices(tf.stack([keys, tombstones], 1), slots))
         self.free(rows)
         t.num_keys.assign_sub(_count(rows))
         t.num_deleted.assign_add(_count(rows))
@@ -771,11 +661,6 @@ class TableOps:
 def empty_index(capacity: tf.Tensor) -> tf.Tensor:
     """An index of ``capacity`` empty slots (every column ``EMPTY``)."""
     return tf.fill(tf.stack([capacity, tf.constant(2, tf.int64)]), tf.constant(EMPTY, tf.int64))
-
-
-def write_slots(index: tf.Variable, slots: tf.Tensor, entries: tf.Tensor) -> Any:
-    """Write ``[m, 2]`` (key, row) ``entries`` at ``slots``; returns the update."""
-    return index.scatter_update(tf.IndexedSlices(entries, slots))
 
 
 def _entries(keys: tf.Tensor, rows: tf.Tensor, at: tf.Tensor) -> tf.Tensor:

@@ -3,29 +3,27 @@
 Layout
 ------
 *Index*: ``index [capacity, 2]`` int64 entries ``(key, row)``, a power-of-two
-open-addressing array probed by aligned windows of ``WINDOW`` (4) slots, 64 bytes, one
-cache line: a key's chain starts at the window of its hash and goes on window by window
-(linear probing over windows); within a window a key may sit in any slot. The row is the
-key's row id, or ``EMPTY`` / ``DELETED`` (a tombstone, so probe chains stay valid).
-*Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth``; rows freed by
+open-addressing array with linear probing; one gather reads a slot's key and row together.
+The row is the key's row id, or ``EMPTY`` / ``DELETED`` (a tombstone, so probe chains
+stay valid).
+*Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth`` (times what a
+batch needs, when it needs more than that); rows freed by
 ``remove`` go on a free list (``free_rows``) and are reused first.
 
 Keeping the values out of the probe array means the index (16 bytes a slot) is the only
 part sized by the power-of-two capacity, so the table stays within ~1.5x the raw key+value
 bytes, and growing the index (a rehash) never moves a value row.
 
-Batches are processed in parallel: every key reads its home window at once (for a big
-batch, in one XLA kernel that hashes, gathers the window rows and compares), which settles
-most keys; the rest go on in rounds of a ``tf.while_loop`` that carry only the keys still
-unresolved. Absent keys race for an empty slot of their window (chosen from a lane their
-hash picks, so distinct keys seldom collide) with a ``scatter_update`` of ``(key,
-token)``; the one read back wins and the losers read the window again (a duplicate of the
-winner then finds it). For ``insert``, when no key repeats a new key of the batch (the
-common case) every claimer is its own last occurrence; otherwise the last occurrence of a
+Batches are processed in parallel: every key probes at once, in rounds of a
+``tf.while_loop`` that carry only the keys still unresolved. Keys that reach the same empty
+slot in the same round race for it with a ``scatter_update`` of ``(key, token)``; the one
+read back wins and the losers look at the slot again next round (a duplicate of the winner
+then finds it). For ``insert``, when no key repeats a new key of the batch (the common
+case) every claimer is its own last occurrence; otherwise the last occurrence of a
 duplicated new key is a segment max over the keys that found its claim. Present keys (and
 ``remove``) race with tokens once more, re-run for later writers until the last one holds
 the slot. ``accum`` sums duplicates with ``scatter_add``. A rehash places the (distinct)
-keys with their row ids directly, the same way.
+keys with their row ids directly.
 
 The kernels are ``tf.function`` s shared by every table of one configuration (dtype, dim,
 sizing), traced once and given the variables' resource handles; inside a caller's
