@@ -90,7 +90,8 @@ def test_saves_and_restores_survive_transient_faults(
 
 
 def test_restore_retries_reads(local_location: StorageLocation) -> None:
-    plan = FaultPlan(fail={"read": 0.3}, seed=5, active=False)
+    # opens and range reads fail, and reads of a chunk within an open file
+    plan = FaultPlan(fail={"read": 0.3, "chunk": 0.1}, seed=5, active=False)
     backend = faulty_backend(local_location, "r", plan)
     save_checkpoint([variable_rows(1, 1, 0)], backend, "A", SINGLE, OPTIONS)
     plan.active = True
