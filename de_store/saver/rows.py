@@ -8,6 +8,8 @@ removed since.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,6 +29,57 @@ VALUE_COLUMN = "value"
 UPSERT_ROWS = 1 << 18
 #: Headroom over an even split of the restored rows when shards are grown up front.
 RESERVE_SLACK = 1.1
+
+
+#: The device a save exports through and a restore stages its rows on: TF's
+#: ``CheckpointOptions.experimental_io_device`` (None: the table's own device).
+_IO_DEVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("io_device", default=None)
+
+
+@contextlib.contextmanager
+def io_device_scope(device: str | None) -> Iterator[None]:
+    """Export and stage rows through ``device`` within this block (this thread).
+
+    A device that cannot be used fails here, before anything is read or changed.
+    """
+    if device is not None:
+        with _on_io_device(device):
+            tf.identity(tf.zeros([0]))
+    token = _IO_DEVICE.set(device)
+    try:
+        yield
+    finally:
+        _IO_DEVICE.reset(token)
+
+
+def to_host(tensor: tf.Tensor) -> np.ndarray:
+    """A tensor's rows in host memory, copied through the IO device when one is set.
+
+    ``np.asarray`` shares a CPU tensor's buffer (``Tensor.numpy()`` would copy every row).
+    """
+    device = _IO_DEVICE.get()
+    if device is None:
+        return np.asarray(tensor)
+    with _on_io_device(device):
+        return np.asarray(tf.identity(tensor))
+
+
+def to_tensor(array: np.ndarray) -> tf.Tensor:
+    """Restored rows as a tensor, placed on the IO device when one is set."""
+    device = _IO_DEVICE.get()
+    if device is None:
+        return tf.constant(array)
+    with _on_io_device(device):
+        return tf.identity(tf.constant(array))
+
+
+@contextlib.contextmanager
+def _on_io_device(device: str) -> Iterator[None]:
+    try:
+        with tf.device(device):
+            yield
+    except (tf.errors.InvalidArgumentError, ValueError) as err:
+        raise CheckpointError(f"experimental_io_device {device!r} cannot be used: {err}") from err
 
 
 @dataclasses.dataclass
@@ -87,7 +140,7 @@ def export_shard(variable: Any, index: int) -> ShardRows:
     shard = variable.shards[index]
     with tf.device(variable.devices[index]):
         keys_t, values_t = shard.export_all()
-        keys, columns = np.asarray(keys_t), {VALUE_COLUMN: np.asarray(values_t)}
+        keys, columns = to_host(keys_t), {VALUE_COLUMN: to_host(values_t)}
         _add_companions(variable, index, keys, columns)
     return ShardRows(keys, columns)
 
@@ -95,8 +148,7 @@ def export_shard(variable: Any, index: int) -> ShardRows:
 def _add_companions(variable: Any, index: int, keys: np.ndarray, columns: dict) -> None:
     for column, companion in sorted(variable.companions().items()):
         found, _ = companion.shards[index].lookup(tf.constant(keys))
-        # np.asarray shares a CPU tensor's buffer; Tensor.numpy() would copy every row
-        columns[column] = np.asarray(found)
+        columns[column] = to_host(found)
 
 
 def export_shard_changes(variable: Any, index: int, since: int) -> tuple[ShardRows, np.ndarray]:
@@ -108,19 +160,19 @@ def export_shard_changes(variable: Any, index: int, since: int) -> tuple[ShardRo
     shard = variable.shards[index]
     with tf.device(variable.devices[index]):
         keys_t, values_t, removed_t = shard.export_changes(since)
-        keys, values = np.asarray(keys_t), np.asarray(values_t)
+        keys, values = to_host(keys_t), to_host(values_t)
         others = [
-            np.asarray(companion.shards[index].export_changes(since)[0])
+            to_host(companion.shards[index].export_changes(since)[0])
             for companion in variable.companions().values()
         ]
         extra = np.setdiff1d(np.concatenate([keys[:0], *others]), keys) if others else keys[:0]
         if len(extra):  # keys whose value row did not change: read it
-            found, exists = (np.asarray(t) for t in shard.lookup(tf.constant(extra)))
+            found, exists = (to_host(t) for t in shard.lookup(tf.constant(extra)))
             keys = np.concatenate([keys, extra[exists]])
             values = np.concatenate([values, found[exists]])
         columns = {VALUE_COLUMN: values}
         _add_companions(variable, index, keys, columns)
-    return ShardRows(keys, columns), np.asarray(removed_t)
+    return ShardRows(keys, columns), to_host(removed_t)
 
 
 def export_delta(variable: Any, since: int) -> VariableRows:
@@ -192,7 +244,7 @@ def apply_delta(
     """Apply one link of a chain on top of the restored rows: drop ``removed``'s keys
     (with their companion rows), then upsert ``batches``."""
     for batch in coalesce(removed, UPSERT_ROWS):
-        variable.remove(tf.constant(batch.keys))
+        variable.remove(to_tensor(batch.keys))
     upsert_rows(_targets(variable, specs), batches)
 
 
@@ -208,9 +260,9 @@ def _targets(variable: Any, specs: dict[str, ColumnSpec]) -> dict[str, Any]:
 def upsert_rows(targets: dict[str, Any], batches: Iterable[ShardRows]) -> None:
     """Upsert every column of ``batches`` into its table, in large batches."""
     for batch in coalesce(batches, UPSERT_ROWS):
-        keys = tf.constant(batch.keys)
+        keys = to_tensor(batch.keys)
         for column, target in targets.items():
-            target.upsert(keys, tf.constant(batch.columns[column]))
+            target.upsert(keys, to_tensor(batch.columns[column]))
 
 
 def _reserve(variable: Any, rows: int) -> None:

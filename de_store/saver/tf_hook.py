@@ -27,9 +27,9 @@ from tensorflow.python.ops import io_ops
 from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
-from de_store.saver import core, gc, incremental
+from de_store.saver import core, gc, incremental, tf_compat
 from de_store.saver.filesystem_saver import FileSystemSaver
-from de_store.saver.rows import VariableRows
+from de_store.saver.rows import VariableRows, io_device_scope
 
 PACKAGE, NAME = "de_store", "DynamicEmbedding"
 _SUFFIX = f"-{PACKAGE}.{NAME}"
@@ -43,6 +43,7 @@ class VariableSnapshot(trackable_base.Trackable):
     def __init__(self, variable: Any) -> None:
         self.variable = variable
         self.rows: VariableRows | None = None
+        self.io_device: str | None = None
         #: The KV checkpoint URLs of the last two saves of this snapshot.
         self.targets: list[str] = []
 
@@ -60,6 +61,7 @@ class VariableSnapshot(trackable_base.Trackable):
     @tf.autograph.experimental.do_not_convert
     def capture(self) -> None:
         """Read the tables now; inside a ``tf.function`` this runs at every call."""
+        self.io_device = tf_compat.io_device()  # known while TF traces the copy
         if tf.executing_eagerly():
             self._capture_eagerly()
             return
@@ -68,7 +70,8 @@ class VariableSnapshot(trackable_base.Trackable):
     def _capture_eagerly(self) -> list[Any]:
         # the target folder is not known yet: the write checks the delta may go there
         policy = saver_of(self.variable).incremental
-        self.rows = incremental.snapshot(self.variable, policy, None, self.next_location())
+        with io_device_scope(self.io_device):
+            self.rows = incremental.snapshot(self.variable, policy, None, self.next_location())
         return []
 
 
@@ -105,8 +108,11 @@ def _save_fn(trackables: Mapping[str, Any], file_prefix: tf.Tensor) -> Any:
     if not names:
         return []
 
+    io_device = tf_compat.io_device()  # TF passes registered savers no options
+
     def save(prefix: tf.Tensor) -> tf.Tensor:
-        return tf.constant(_save_eagerly(trackables, names, _tf_prefix(prefix)))
+        with io_device_scope(io_device):
+            return tf.constant(_save_eagerly(trackables, names, _tf_prefix(prefix)))
 
     urls = (
         save(file_prefix)
@@ -192,8 +198,11 @@ def _stored_url(url: str, head: str) -> str:
 
 # --- restore ----------------------------------------------------------------------------
 def _restore_fn(trackables: Mapping[str, Any], merged_prefix: tf.Tensor) -> None:
+    io_device = tf_compat.io_device()
+
     def restore(prefix: tf.Tensor) -> list[Any]:
-        _restore_eagerly(trackables, prefix.numpy().decode())
+        with io_device_scope(io_device):
+            _restore_eagerly(trackables, prefix.numpy().decode())
         return []
 
     if tf.executing_eagerly():
@@ -230,3 +239,5 @@ registration.register_checkpoint_saver(
     restore_fn=_restore_fn,
     strict_predicate_restore=False,
 )
+# TF's Checkpoint.sync() only waits; make it raise a failed background save's error.
+tf_compat.raise_async_errors_on_sync()

@@ -1,0 +1,62 @@
+"""Two things TensorFlow's registered-saver hook does not give a saver, and how we get them.
+
+* The ``tf.train.CheckpointOptions`` of the save or restore in progress: TF calls a
+  registered saver's ``save_fn`` / ``restore_fn`` without them, so
+  ``experimental_io_device`` would be lost. :func:`options_in_flight` finds them in the
+  calling ``save`` / ``restore`` frame (read only; every TF path to a registered saver
+  passes through one that holds ``options``).
+* A background failure on ``Checkpoint.sync()``: TF's async helper keeps the error of a
+  failed background save and raises it at the next ``save`` only; its ``sync`` just waits.
+  :func:`raise_async_errors_on_sync` makes ``sync`` raise it too, with its original cause
+  (TF's own ``_check_async_thread_error``, called after the wait).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from typing import Any
+
+import tensorflow as tf
+
+_FRAME_NAMES = frozenset({"save", "restore", "_write", "write", "read", "_copy_to_cpu"})
+_MAX_DEPTH = 64
+
+
+def options_in_flight() -> tf.train.CheckpointOptions | None:
+    """The ``CheckpointOptions`` of the TF save/restore that called us, if any."""
+    frame: types.FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_DEPTH):
+        if frame is None:
+            return None
+        if frame.f_code.co_name in _FRAME_NAMES:
+            options = frame.f_locals.get("options")
+            if isinstance(options, tf.train.CheckpointOptions):
+                return options
+        frame = frame.f_back
+    return None
+
+
+def io_device() -> str | None:
+    """``experimental_io_device`` of the save/restore in progress (None: not given)."""
+    options = options_in_flight()
+    return getattr(options, "experimental_io_device", None) or None
+
+
+def raise_async_errors_on_sync() -> None:
+    """Make ``AsyncCheckpointHelper.sync`` raise a failed background save's error (once)."""
+    from tensorflow.python.checkpoint import async_checkpoint_helper as helper
+
+    cls: Any = helper.AsyncCheckpointHelper
+    if getattr(cls.sync, "_de_store_raises", False):
+        return
+    original = cls.sync
+
+    @functools.wraps(original)
+    def sync(self: Any) -> None:
+        original(self)
+        self._check_async_thread_error()
+
+    sync._de_store_raises = True  # type: ignore[attr-defined]
+    cls.sync = sync

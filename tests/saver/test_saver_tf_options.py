@@ -1,0 +1,78 @@
+"""What TF's registered-saver hook does not pass on: ``experimental_io_device`` is honoured
+for the export and the restore's staging, and ``Checkpoint.sync()`` raises a failed
+background save's error."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from saver_helpers import content, fill, make_variable
+
+import de_store as ds
+from de_store.errors import CheckpointError
+
+ELSEWHERE = "/job:localhost/replica:0/task:0/device:CPU:3"  # conftest makes 4 CPUs
+NOWHERE = "/job:localhost/replica:0/task:0/device:CPU:9"
+
+
+@pytest.fixture
+def strict_placement() -> Iterator[None]:
+    """A device that does not exist is an error, not silently CPU:0."""
+    tf.config.set_soft_device_placement(False)
+    yield
+    tf.config.set_soft_device_placement(True)
+
+
+@pytest.mark.parametrize("enable_async", [False, True], ids=["sync", "async"])
+def test_io_device_is_where_rows_are_exported_and_restored(
+    tmp_path: Path, strict_placement: None, enable_async: bool
+) -> None:
+    var = make_variable("emb", ds.FileSystemSaver(), shards=2)
+    fill(var, 500)
+    expected = content(var)
+    ckpt = tf.train.Checkpoint(emb=var)
+    options = tf.train.CheckpointOptions(
+        experimental_io_device=ELSEWHERE, enable_async=enable_async
+    )
+    path = ckpt.save(str(tmp_path / "ckpt"), options=options)
+    ckpt.sync()
+    restored = make_variable("emb", ds.FileSystemSaver(), shards=3)
+    tf.train.Checkpoint(emb=restored).read(path, options=options)
+    assert content(restored) == expected
+
+    bad = tf.train.CheckpointOptions(experimental_io_device=NOWHERE)
+    with pytest.raises(CheckpointError, match=r"experimental_io_device '.*CPU:9' cannot be"):
+        tf.train.Checkpoint(emb=restored).read(path, options=bad)
+    assert content(restored) == expected  # nothing applied
+
+
+def test_the_export_runs_on_the_io_device(tmp_path: Path, strict_placement: None) -> None:
+    var = make_variable("emb", ds.FileSystemSaver())
+    fill(var, 50)
+    ckpt = tf.train.Checkpoint(emb=var)
+    good = tf.train.CheckpointOptions(experimental_io_device=ELSEWHERE)
+    ckpt.write(str(tmp_path / "first"), options=good)
+    bad = tf.train.CheckpointOptions(experimental_io_device=NOWHERE)
+    with pytest.raises(CheckpointError, match=r"experimental_io_device '.*CPU:9' cannot be"):
+        ckpt.write(str(tmp_path / "ckpt"), options=bad)  # each save's own options
+    assert sorted(p.name for p in (tmp_path / "de_store").iterdir()) == ["first"]
+
+
+def test_async_save_failure_is_raised_on_sync_with_its_cause(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the KV root should be")
+    var = make_variable("emb", ds.FileSystemSaver(save_path=str(blocker / "kv")))
+    fill(var, 10)
+    ckpt = tf.train.Checkpoint(emb=var)
+    options = tf.train.CheckpointOptions(enable_async=True)
+    ckpt.save(str(tmp_path / "ckpt"), options=options)
+    with pytest.raises(Exception, match="not-a-folder") as raised:
+        ckpt.sync()
+    assert isinstance(raised.value, (OSError, ds.errors.DeStoreError)) or raised.value.__cause__
+    ckpt.sync()  # raised once: the error is not kept
+    good = make_variable("emb", ds.FileSystemSaver())
+    fill(good, 10)
+    tf.train.Checkpoint(emb=good).save(str(tmp_path / "next"), options=options)
