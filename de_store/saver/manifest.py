@@ -218,7 +218,7 @@ def to_json(obj: Manifest | RankManifest) -> bytes:
     The fields of incremental checkpoints are left out where they hold their defaults, so
     a full checkpoint's manifest reads as before (version 1) to older readers.
     """
-    d = dataclasses.asdict(obj)
+    d = _plain(obj)
     if d.get("parent_created") is None:
         d.pop("parent_created", None)
     if isinstance(obj, RankManifest) and d["parent"] is None:
@@ -226,7 +226,24 @@ def to_json(obj: Manifest | RankManifest) -> bytes:
     for entry in d["variables"].values():
         if not entry["incremental"] and not entry["removed"]:
             del entry["incremental"], entry["removed"]
-    return json.dumps(d, indent=1, sort_keys=True).encode()
+    # no indent: the C encoder, ~10x faster on a manifest of many thousand parts
+    return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _plain(obj: Any) -> Any:
+    """A manifest dataclass as JSON-ready dicts and lists, without copying the shard
+    ``info`` dicts, which are plain already (``dataclasses.asdict`` deep-copies them)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()} if _has_dataclass(obj.values()) else obj
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj] if _has_dataclass(obj) else list(obj)
+    return obj
+
+
+def _has_dataclass(values: Any) -> bool:
+    return any(dataclasses.is_dataclass(v) for v in values)
 
 
 def _entry_from_dict(d: dict[str, Any]) -> VariableEntry:
