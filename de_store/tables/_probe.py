@@ -630,9 +630,13 @@ class TableOps:
         """``(keys, values)`` of the live rows written at an epoch after ``since``, and the
         keys removed after ``since`` that are absent now (possibly repeated)."""
         t = self.t
-        live = self.live_entries()
-        stamps = tf.cast(tf.gather(t.stamps, live[:, 1]), tf.int64)
-        changed = tf.gather(live, tf.where(stamps > since)[:, 0])
+        # One pass over the index: a slot is taken when it is live and its row is dirty
+        # (a 1-byte gather per slot; live entries are never gathered whole).
+        entries = t.index.read_value()
+        rows = entries[:, 1]
+        dirty = t.stamps.read_value() > tf.cast(since, STAMP_DTYPE)
+        taken = tf.logical_and(rows >= 0, tf.gather(dirty, tf.maximum(rows, 0)))
+        changed = tf.gather(entries, tf.where(taken)[:, 0])
         logged = tf.range(t.num_removed.read_value())
         removed_at = tf.gather(t.removed_at, logged)
         removed = tf.gather(tf.gather(t.removed, logged), tf.where(removed_at > since)[:, 0])
