@@ -105,25 +105,7 @@ def save(
     rows = incremental.snapshots(variables, saver.incremental, target)
 
     def write() -> str:
-        try:
-            manifest = core.save_checkpoint(
-                rows,
-                backend,
-                name,
-                saver.topology,
-                saver.options,
-                barrier=saver.barrier,
-                metadata=metadata,
-                job_id=saver.job_id,
-            )
-        except BaseException:
-            for variable, saved in zip(variables, rows, strict=True):
-                if saved.mark is not None:
-                    incremental.record_failure(variable)
-            raise
-        if manifest is not None:
-            for variable, saved in zip(variables, rows, strict=True):
-                incremental.record_commit(variable, saved, target, manifest)
+        core.save_variables(variables, rows, backend, name, saver, metadata=metadata)
         return url
 
     future = _executor().submit(write)

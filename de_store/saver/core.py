@@ -181,6 +181,41 @@ def _parent_of(
     return parent_reference(url, where), created
 
 
+def save_variables(
+    variables: Sequence[Any],
+    rows: Sequence[VariableRows],
+    backend: Backend,
+    name: str,
+    saver: Any,
+    *,
+    metadata: dict[str, Any] | None = None,
+) -> Manifest | None:
+    """:func:`save_checkpoint` with ``saver``'s topology and options, then each variable's
+    change base: the new checkpoint once committed; none (the next save is full) if the
+    save failed. Returns the committed manifest (None where this rank does not know it)."""
+    target = f"{backend.url.rstrip('/')}/{name}"
+    try:
+        manifest = save_checkpoint(
+            rows,
+            backend,
+            name,
+            saver.topology,
+            saver.options,
+            barrier=saver.barrier,
+            metadata=metadata,
+            job_id=saver.job_id,
+        )
+    except BaseException:
+        for variable, saved in zip(variables, rows, strict=True):
+            if saved.mark is not None:
+                incremental.record_failure(variable)
+        raise
+    if manifest is not None:
+        for variable, saved in zip(variables, rows, strict=True):
+            incremental.record_commit(variable, saved, target, manifest)
+    return manifest
+
+
 def write_rank(
     variables: Sequence[VariableRows],
     backend: Backend,

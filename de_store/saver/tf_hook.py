@@ -144,25 +144,7 @@ def _save_eagerly(trackables: Mapping[str, Any], names: list[str], prefix: str) 
         target = f"{backend.url.rstrip('/')}/{folder}"
         variables = [_variable_of(obj) for obj in objs]
         rows = _rows_of(objs, saver, target)
-        try:
-            manifest = core.save_checkpoint(
-                rows,
-                backend,
-                folder,
-                saver.topology,
-                saver.options,
-                barrier=saver.barrier,
-                metadata={"tf_prefix": prefix},
-                job_id=saver.job_id,
-            )
-        except BaseException:
-            for variable, saved in zip(variables, rows, strict=True):
-                if saved.mark is not None:
-                    incremental.record_failure(variable)
-            raise
-        if manifest is not None:
-            for variable, saved in zip(variables, rows, strict=True):
-                incremental.record_commit(variable, saved, target, manifest)
+        core.save_variables(variables, rows, backend, folder, saver, metadata={"tf_prefix": prefix})
         if saver.topology.is_chief:
             gc.remove_orphans(backend, keep=folder)
     head = posixpath.dirname(prefix)
