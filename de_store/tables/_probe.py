@@ -16,14 +16,13 @@ import tensorflow as tf
 from tensorflow.python.framework import cpp_shape_inference_pb2
 from tensorflow.python.ops import resource_variable_ops
 
+from de_store.tables._tracking import STAMP_DTYPE, TrackingOps
+
 EMPTY = -1
 DELETED = -2
 # Claim tokens sit above every real row id, so a token is always the max of a slot.
 TOKEN_BASE = 1 << 40
 MIN_CAPACITY = 16
-#: Row stamps (the epoch of a row's last write) are 4 bytes a row: uint32 has GPU
-#: gathers and scatters, int32 does not.
-STAMP_DTYPE = tf.uint32
 
 _MIX1 = tf.constant(-49064778989728563, tf.int64)  # 0xff51afd7ed558ccd as int64
 _MIX2 = tf.constant(-4265267296055464877, tf.int64)  # 0xc4ceb9fe1a85ec53 as int64
@@ -177,7 +176,7 @@ def kernels_for(config: Config) -> Kernels:
     return Kernels(config)
 
 
-class TableOps:
+class TableOps(TrackingOps):
     """Graph operations over one table's variables (built while tracing a kernel)."""
 
     def __init__(self, table: _View, kernels: Kernels) -> None:
@@ -597,64 +596,6 @@ class TableOps:
         t = self.t
         live = self.live_entries()
         return live[:, 0], tf.gather(t.values, live[:, 1])
-
-    # -- change tracking ---------------------------------------------------------------
-    def stamp(self, rows: tf.Tensor) -> None:
-        """Stamp ``rows`` with the current epoch (no-op when changes are not tracked)."""
-        t = self.t
-        if t.track_changes:
-            epoch = tf.cast(tf.fill(tf.shape(rows), t.epoch.read_value()), STAMP_DTYPE)
-            t.stamps.scatter_update(tf.IndexedSlices(epoch, rows))
-
-    def log_removed(self, keys: tf.Tensor) -> None:
-        """Append ``keys`` to the removal log with the current epoch (growing it when full)."""
-        t = self.t
-        top = t.num_removed.read_value()
-        needed = top + _count(keys)
-
-        def grow() -> tf.Tensor:
-            have = variable_length(t.removed)
-            extra = tf.zeros(tf.reshape(tf.maximum(needed, 2 * have) - have, [1]), tf.int64)
-            t.removed.assign(tf.concat([t.removed, extra], axis=0))
-            t.removed_at.assign(tf.concat([t.removed_at, extra], axis=0))
-            return tf.constant(True)
-
-        tf.cond(needed > variable_length(t.removed), grow, lambda: tf.constant(False))
-        at = tf.range(top, needed)
-        t.removed.scatter_update(tf.IndexedSlices(keys, at))
-        epoch = tf.fill(tf.shape(keys), t.epoch.read_value())
-        t.removed_at.scatter_update(tf.IndexedSlices(epoch, at))
-        t.num_removed.assign(needed)
-
-    def export_changes(self, since: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """``(keys, values)`` of the live rows written at an epoch after ``since``, and the
-        keys removed after ``since`` that are absent now (possibly repeated)."""
-        t = self.t
-        # One pass over the index: a slot is taken when it is live and its row is dirty
-        # (a 1-byte gather per slot; live entries are never gathered whole).
-        entries = t.index.read_value()
-        rows = entries[:, 1]
-        dirty = t.stamps.read_value() > tf.cast(since, STAMP_DTYPE)
-        taken = tf.logical_and(rows >= 0, tf.gather(dirty, tf.maximum(rows, 0)))
-        changed = tf.gather(entries, tf.where(taken)[:, 0])
-        logged = tf.range(t.num_removed.read_value())
-        removed_at = tf.gather(t.removed_at, logged)
-        removed = tf.gather(tf.gather(t.removed, logged), tf.where(removed_at > since)[:, 0])
-        slots, _ = self.find(removed)
-        removed = tf.gather(removed, tf.where(slots < 0)[:, 0])
-        return changed[:, 0], tf.gather(t.values, changed[:, 1]), removed
-
-    def forget_removed(self, upto: tf.Tensor) -> None:
-        """Drop the removal records of epochs up to ``upto``."""
-        t = self.t
-        logged = tf.range(t.num_removed.read_value())
-        removed_at = tf.gather(t.removed_at, logged)
-        kept = tf.gather(logged, tf.where(removed_at > upto)[:, 0])
-        keys, epochs = tf.gather(t.removed, kept), tf.gather(t.removed_at, kept)
-        at = tf.range(_count(kept))
-        t.removed.scatter_update(tf.IndexedSlices(keys, at))
-        t.removed_at.scatter_update(tf.IndexedSlices(epochs, at))
-        t.num_removed.assign(_count(kept))
 
     def live_entries(self) -> tf.Tensor:
         """The ``(key, row)`` entries of every occupied slot, ``[n, 2]``, in one read."""

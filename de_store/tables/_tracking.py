@@ -1,0 +1,92 @@
+"""The change-tracking operations of :class:`~de_store.tables._probe.TableOps`.
+
+Every row written (insert, accum) is stamped with the table's current epoch in ``stamps``
+(parallel to the row store); removed keys go on a log (``removed``, ``removed_at``) with
+the epoch of their removal. A snapshot mark is an epoch: what changed after it is the live
+rows stamped later and the logged keys removed later that are absent now.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+#: Row stamps (the epoch of a row's last write) are 4 bytes a row: uint32 has GPU
+#: gathers and scatters, int32 does not.
+STAMP_DTYPE = tf.uint32
+
+
+def _count(x: tf.Tensor) -> tf.Tensor:
+    return tf.size(x, out_type=tf.int64)
+
+
+def _length(var: tf.Variable) -> tf.Tensor:
+    return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
+
+
+class TrackingOps:
+    """Mixed into ``TableOps``: ``self.t`` is the table, ``self.find`` probes it."""
+
+    t: Any
+
+    def find(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(slots, rows)`` of ``keys`` (slot -1: missing); ``TableOps`` probes."""
+        raise NotImplementedError
+
+    def stamp(self, rows: tf.Tensor) -> None:
+        """Stamp ``rows`` with the current epoch (no-op when changes are not tracked)."""
+        t = self.t
+        if t.track_changes:
+            epoch = tf.cast(tf.fill(tf.shape(rows), t.epoch.read_value()), STAMP_DTYPE)
+            t.stamps.scatter_update(tf.IndexedSlices(epoch, rows))
+
+    def log_removed(self, keys: tf.Tensor) -> None:
+        """Append ``keys`` to the removal log with the current epoch (growing it when full)."""
+        t = self.t
+        top = t.num_removed.read_value()
+        needed = top + _count(keys)
+
+        def grow() -> tf.Tensor:
+            have = _length(t.removed)
+            extra = tf.zeros(tf.reshape(tf.maximum(needed, 2 * have) - have, [1]), tf.int64)
+            t.removed.assign(tf.concat([t.removed, extra], axis=0))
+            t.removed_at.assign(tf.concat([t.removed_at, extra], axis=0))
+            return tf.constant(True)
+
+        tf.cond(needed > _length(t.removed), grow, lambda: tf.constant(False))
+        at = tf.range(top, needed)
+        t.removed.scatter_update(tf.IndexedSlices(keys, at))
+        epoch = tf.fill(tf.shape(keys), t.epoch.read_value())
+        t.removed_at.scatter_update(tf.IndexedSlices(epoch, at))
+        t.num_removed.assign(needed)
+
+    def export_changes(self, since: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """``(keys, values)`` of the live rows written at an epoch after ``since``, and the
+        keys removed after ``since`` that are absent now (possibly repeated)."""
+        t = self.t
+        # One pass over the index: a slot is taken when it is live and its row is dirty
+        # (a 1-byte gather per slot; live entries are never gathered whole).
+        entries = t.index.read_value()
+        rows = entries[:, 1]
+        dirty = t.stamps.read_value() > tf.cast(since, STAMP_DTYPE)
+        taken = tf.logical_and(rows >= 0, tf.gather(dirty, tf.maximum(rows, 0)))
+        changed = tf.gather(entries, tf.where(taken)[:, 0])
+        logged = tf.range(t.num_removed.read_value())
+        removed_at = tf.gather(t.removed_at, logged)
+        removed = tf.gather(tf.gather(t.removed, logged), tf.where(removed_at > since)[:, 0])
+        slots, _ = self.find(removed)
+        removed = tf.gather(removed, tf.where(slots < 0)[:, 0])
+        return changed[:, 0], tf.gather(t.values, changed[:, 1]), removed
+
+    def forget_removed(self, upto: tf.Tensor) -> None:
+        """Drop the removal records of epochs up to ``upto``."""
+        t = self.t
+        logged = tf.range(t.num_removed.read_value())
+        removed_at = tf.gather(t.removed_at, logged)
+        kept = tf.gather(logged, tf.where(removed_at > upto)[:, 0])
+        keys, epochs = tf.gather(t.removed, kept), tf.gather(t.removed_at, kept)
+        at = tf.range(_count(kept))
+        t.removed.scatter_update(tf.IndexedSlices(keys, at))
+        t.removed_at.scatter_update(tf.IndexedSlices(epochs, at))
+        t.num_removed.assign(_count(kept))
