@@ -39,37 +39,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from _harness import drop_cache, emit, result_of, timed
 
 FILL_BATCH = 1 << 20
 SEED = 1234
-RESULT_TAG = "RESULT "
 
 
 # --- helpers shared by the phases ----------------------------------------------------------
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
-
-
-def drop_cache(root: str) -> None:
-    """Evict every file under ``root`` (fsynced first) from the page cache: cold reads."""
-    paths = [root] if os.path.isfile(root) else []
-    for folder, _, files in os.walk(root):
-        paths += [os.path.join(folder, f) for f in files]
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def rows(keys: int, dim: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The benchmark's rows, in batches: unique int64 keys spread over the whole range."""
     rng = np.random.default_rng(SEED)
@@ -153,10 +133,6 @@ def table_bytes(variable: Any) -> int:
         else:
             total += sum(int(np.prod(v.shape)) * v.dtype.size for v in shard.variables)
     return total
-
-
-def emit(result: dict[str, Any]) -> None:
-    print(RESULT_TAG + json.dumps(result), flush=True)
 
 
 # --- phase: save (one process: raw write, fill, saves, TF dense save) -----------------------
@@ -281,11 +257,7 @@ def run_phase(args: argparse.Namespace, phase: str, **changes: Any) -> dict[str,
     command += ["--format", values["format"], "--dir", values["dir"]]
     command += ["--formats", *values["formats"]] if values["formats"] else []
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_TAG)]
-    if done.returncode != 0 or not lines:
-        sys.stderr.write(done.stdout + done.stderr)
-        raise RuntimeError(f"phase {phase!r} failed with exit status {done.returncode}")
-    return json.loads(lines[-1][len(RESULT_TAG) :])
+    return result_of(done, phase)
 
 
 def ratios(r: dict[str, Any]) -> dict[str, float]:

@@ -28,34 +28,18 @@ import json
 import os
 import statistics
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from _harness import drop_cache, timed
 
 from de_store.backends import Backend, open_backend
 from de_store.formats import SchemaInfo, ShardInfo, batch_from_numpy, get_format
 
 FORMATS = {"binary": {}, "arrow": {}, "parquet": {"compression": "none"}}
-
-
-def drop_cache(path: str) -> None:
-    """Evict a (clean, fsynced) file from the page cache so the next read is cold."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
 
 
 def batches(keys: np.ndarray, values: np.ndarray, rows: int) -> Iterator[pa.RecordBatch]:

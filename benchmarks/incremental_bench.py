@@ -47,10 +47,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from _harness import drop_cache, emit, result_of
 
 FILL_BATCH = 1 << 20
 SEED = 1234
-RESULT_TAG = "RESULT "
 DELTAS = 5
 #: Multiplying ids by an odd constant permutes int64: unique keys spread over every bucket.
 KEY_MULTIPLIER = np.int64(-7046029254386353131)
@@ -70,28 +70,12 @@ def initial_rows(keys: int, dim: int) -> Iterator[tuple[np.ndarray, np.ndarray]]
         yield keys_of(ids), rng.standard_normal((n, dim), dtype=np.float32)
 
 
-def drop_cache(root: str) -> None:
-    """Evict every file under ``root`` (fsynced first) from the page cache: cold reads."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def folder_bytes(path: str) -> int:
     return sum(
         os.path.getsize(os.path.join(folder, name))
         for folder, _, files in os.walk(path)
         for name in files
     )
-
-
-def emit(result: dict[str, Any]) -> None:
-    print(RESULT_TAG + json.dumps(result), flush=True)
 
 
 def setup_tf(shards: int) -> tuple[Any, Any]:
@@ -251,11 +235,7 @@ def run_phase(args: argparse.Namespace, phase: str, **extra: str) -> dict[str, A
     for option, value in extra.items():
         command += [f"--{option}", value]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_TAG)]
-    if done.returncode != 0 or not lines:
-        sys.stderr.write(done.stdout + done.stderr)
-        raise RuntimeError(f"phase {phase!r} failed with exit status {done.returncode}")
-    return dict(json.loads(lines[-1][len(RESULT_TAG) :]))
+    return result_of(done, phase)
 
 
 def ratios(r: dict[str, Any]) -> dict[str, float]:
