@@ -168,6 +168,7 @@ def _rows_of(objs: list[Any], saver: FileSystemSaver, target: str) -> list[Varia
         else:
             obj.note_target(target)
             out.append(obj.rows)
+            obj.rows = None  # the save owns the copy now: freed once it is written
     return out
 
 
