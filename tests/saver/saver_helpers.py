@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,3 +57,15 @@ def content(var: ds.Variable) -> dict[Any, tuple[float, ...]]:
 
 def companion_content(var: ds.Variable, column: str) -> dict[Any, tuple[float, ...]]:
     return content(var.companions()[column])
+
+
+def failing_async_checkpoint(tmp_path: Path) -> tf.train.Checkpoint:
+    """A checkpoint whose KV root is a file (every save fails in the background), with one
+    async save started."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the KV root should be")
+    var = make_variable("emb", ds.FileSystemSaver(save_path=str(blocker / "kv")))
+    fill(var, 10)
+    ckpt = tf.train.Checkpoint(emb=var)
+    ckpt.save(str(tmp_path / "ckpt"), options=tf.train.CheckpointOptions(enable_async=True))
+    return ckpt

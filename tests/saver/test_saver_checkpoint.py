@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from saver_helpers import companion_content, content, fill, make_variable
+from saver_helpers import (
+    companion_content,
+    content,
+    failing_async_checkpoint,
+    fill,
+    make_variable,
+)
 
 import de_store as ds
 from de_store.backends import open_backend
@@ -118,13 +124,8 @@ def test_async_save_snapshots_at_save_time_and_calls_back_after_commit(tmp_path:
 
 
 def test_async_save_failure_is_raised_on_next_save(tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-folder"
-    blocker.write_text("a file where the KV root should be")
-    var = make_variable("emb", ds.FileSystemSaver(save_path=str(blocker / "kv")))
-    fill(var, 10)
-    ckpt = tf.train.Checkpoint(emb=var)
+    ckpt = failing_async_checkpoint(tmp_path)
     options = tf.train.CheckpointOptions(enable_async=True)
-    ckpt.save(str(tmp_path / "ckpt"), options=options)
     with pytest.raises(Exception, match="not-a-folder"):  # no sync() in between
         ckpt.save(str(tmp_path / "ckpt"), options=options)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
-from saver_helpers import content, fill, make_variable
+from saver_helpers import content, failing_async_checkpoint, fill, make_variable
 
 import de_store as ds
-from de_store.errors import CheckpointError
+from de_store.errors import BackendError, CheckpointError
 
 ELSEWHERE = "/job:localhost/replica:0/task:0/device:CPU:3"  # conftest makes 4 CPUs
 NOWHERE = "/job:localhost/replica:0/task:0/device:CPU:9"
@@ -62,17 +62,12 @@ def test_the_export_runs_on_the_io_device(tmp_path: Path, strict_placement: None
 
 
 def test_async_save_failure_is_raised_on_sync_with_its_cause(tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-folder"
-    blocker.write_text("a file where the KV root should be")
-    var = make_variable("emb", ds.FileSystemSaver(save_path=str(blocker / "kv")))
-    fill(var, 10)
-    ckpt = tf.train.Checkpoint(emb=var)
-    options = tf.train.CheckpointOptions(enable_async=True)
-    ckpt.save(str(tmp_path / "ckpt"), options=options)
-    with pytest.raises(Exception, match="not-a-folder") as raised:
+    ckpt = failing_async_checkpoint(tmp_path)
+    with pytest.raises(BackendError, match=r"not-a-folder/kv/ckpt-1\.pending/.*LOCK") as raised:
         ckpt.sync()
-    assert isinstance(raised.value, (OSError, ds.errors.DeStoreError)) or raised.value.__cause__
+    assert isinstance(raised.value.__cause__, NotADirectoryError)
     ckpt.sync()  # raised once: the error is not kept
     good = make_variable("emb", ds.FileSystemSaver())
     fill(good, 10)
+    options = tf.train.CheckpointOptions(enable_async=True)
     tf.train.Checkpoint(emb=good).save(str(tmp_path / "next"), options=options)
