@@ -44,8 +44,15 @@ def emit(result: dict[str, Any]) -> None:
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
-def result_of(done: subprocess.CompletedProcess[str], phase: str) -> dict[str, Any]:
-    """The figures a finished phase printed; its output and an error if it failed."""
+def run_phase(script: str, phase: str, options: list[str]) -> dict[str, Any]:
+    """Run ``script --phase phase *options`` in a fresh Python process; return the figures
+    it printed (its output and an error if it failed)."""
+    command = [sys.executable, os.path.abspath(script), "--phase", phase, *options]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    return _result_of(done, phase)
+
+
+def _result_of(done: subprocess.CompletedProcess[str], phase: str) -> dict[str, Any]:
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_TAG)]
     if done.returncode != 0 or not lines:
         sys.stderr.write(done.stdout + done.stderr)

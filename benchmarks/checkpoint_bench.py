@@ -34,16 +34,15 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import _harness as harness
 import numpy as np
-from _harness import drop_cache, emit, result_of, timed
+from _harness import drop_cache, emit, timed
 
 FILL_BATCH = 1 << 20
 SEED = 1234
@@ -251,13 +250,11 @@ def phase_raw_read(args: argparse.Namespace) -> None:
 def run_phase(args: argparse.Namespace, phase: str, **changes: Any) -> dict[str, Any]:
     """Run ``phase`` in a fresh Python process; return the figures it printed."""
     values = {**vars(args), **changes}
-    command = [sys.executable, os.path.abspath(__file__), "--phase", phase]
-    command += ["--keys", str(values["keys"]), "--dim", str(values["dim"])]
-    command += ["--shards", str(values["shards"]), "--save-shards", str(args.shards)]
-    command += ["--format", values["format"], "--dir", values["dir"]]
-    command += ["--formats", *values["formats"]] if values["formats"] else []
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    return result_of(done, phase)
+    options = ["--keys", str(values["keys"]), "--dim", str(values["dim"])]
+    options += ["--shards", str(values["shards"]), "--save-shards", str(args.shards)]
+    options += ["--format", values["format"], "--dir", values["dir"]]
+    options += ["--formats", *values["formats"]] if values["formats"] else []
+    return harness.run_phase(__file__, phase, options)
 
 
 def ratios(r: dict[str, Any]) -> dict[str, float]:

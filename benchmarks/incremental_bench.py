@@ -39,15 +39,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import _harness as harness
 import numpy as np
-from _harness import drop_cache, emit, result_of
+from _harness import drop_cache, emit
 
 FILL_BATCH = 1 << 20
 SEED = 1234
@@ -229,13 +228,12 @@ def phase_tracking(args: argparse.Namespace) -> None:
 # --- driver -----------------------------------------------------------------------------
 def run_phase(args: argparse.Namespace, phase: str, **extra: str) -> dict[str, Any]:
     """Run ``phase`` in a fresh Python process; return the figures it printed."""
-    command = [sys.executable, os.path.abspath(__file__), "--phase", phase, "--dir", args.dir]
+    options = ["--dir", args.dir]
     for option in ("keys", "dim", "changed", "shards", "track_keys", "batch", "steps"):
-        command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+        options += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     for option, value in extra.items():
-        command += [f"--{option}", value]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    return result_of(done, phase)
+        options += [f"--{option}", value]
+    return harness.run_phase(__file__, phase, options)
 
 
 def ratios(r: dict[str, Any]) -> dict[str, float]:
