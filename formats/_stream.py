@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import google_crc32c
@@ -14,6 +15,9 @@ from de_store.errors import ChecksumError, FormatError
 
 from .base import ByteRange, FileInfo
 
+#: Writes at least this big sum their crc32c in a helper thread while the write runs.
+OVERLAP_BYTES = 1 << 20
+_CRC_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="de_store-crc32c")
 _POLY = 0x82F63B78  # crc32c polynomial, bit-reversed
 _X2N = [1 << 30]  # x^(2^k) mod p for k = 0..31, bit-reversed (bit 31 is x^0)
 
@@ -88,6 +92,19 @@ class ChecksummingWriter(io.RawIOBase):
     def write(self, data: Any) -> int:
         buffer = data if isinstance(data, bytes | pa.Buffer) else pa.py_buffer(data)
         size = len(buffer) if isinstance(buffer, bytes) else buffer.size
+        if size < OVERLAP_BYTES:
+            self._sum_all(buffer, size)
+            self._raw.write(data)
+        else:  # the crc32c (which holds the GIL) runs while the write waits for the OS
+            summed = _CRC_POOL.submit(self._sum_all, buffer, size)
+            try:
+                self._raw.write(data)
+            finally:
+                summed.result()
+        self.position += size
+        return size
+
+    def _sum_all(self, buffer: Any, size: int) -> None:
         pending = self._pending
         if pending is not None and self.position <= pending < self.position + size:
             head = pending - self.position
@@ -96,9 +113,6 @@ class ChecksummingWriter(io.RawIOBase):
             self._sum(buffer[head:])
         else:
             self._sum(buffer)
-        self._raw.write(data)
-        self.position += size
-        return size
 
     def _sum(self, chunk: Any) -> None:
         self.crc32c = crc32c_extend(self.crc32c, chunk)

@@ -189,11 +189,25 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBa
             f"batch written to {where} does not match the shard's schema: "
             f"expected columns {_describe(wanted)}, found {_describe(found)}"
         )
+    for column, field in zip(batch.columns, schema, strict=True):
+        nulls = _null_count(column)
+        if nulls:
+            raise FormatError(
+                f"batch written to {where}: column {field.name!r} holds {nulls} null "
+                "value(s); shard columns hold no nulls"
+            )
     columns = [
         c if c.type == f.type else c.cast(f.type)
         for c, f in zip(batch.columns, schema, strict=True)
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _null_count(column: pa.Array) -> int:
+    """Nulls in ``column``, or in the elements of its fixed-size lists."""
+    if pa.types.is_fixed_size_list(column.type):
+        return int(column.null_count + column.flatten().null_count)
+    return int(column.null_count)
 
 
 def _storage(type_: pa.DataType) -> str:

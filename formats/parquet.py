@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from de_store.errors import FormatError
 
+from ._plain_parquet import PlainParquetWriter, supports
 from ._shard import (
     PartReader,
     check_columns,
@@ -73,7 +74,11 @@ class ParquetFormat(ShardFormat):
         self.compression = compression
         self.compression_level = compression_level
 
-    def _writer(self, sink: ChecksummingWriter, schema: pa.Schema) -> pq.ParquetWriter:
+    def _writer(
+        self, sink: ChecksummingWriter, schema: pa.Schema
+    ) -> pq.ParquetWriter | PlainParquetWriter:
+        if self.compression == "none" and supports(schema):
+            return PlainParquetWriter(sink, schema, statistics=["key"])
         return pq.ParquetWriter(
             sink,
             schema,

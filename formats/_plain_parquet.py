@@ -1,0 +1,295 @@
+"""A direct Parquet writer for uncompressed shards of fixed-width columns.
+
+Arrow's Parquet writer spends most of a shard's write building and RLE-encoding one
+repetition and one definition level per element of a ``fixed_size_list`` column (about
+1.3 s of 1.9 s for 10M rows of dim 16). For the columns de_store writes those levels are
+known in advance: every element is present (definition level 1 throughout) and every row
+holds exactly ``width`` elements (repetition levels ``0, 1, ..., 1`` per row). This writer
+emits them as two precomputed runs and the values as PLAIN bytes taken straight from the
+Arrow buffers, one version-1 data page per column and row group (split when a page would
+pass :data:`PAGE_BYTES`), then the footer Thrift-encoded by hand. The file is the one
+Arrow writes in every respect a reader sees: the same Parquet schema, ``ARROW:schema``
+and key-value metadata, key statistics and column orders.
+
+:func:`supports` says which schemas it takes: integer keys and float32/float64/int32/int64
+value and extra columns, all non-null. The others (string keys, 8- and 16-bit values)
+go through Arrow's writer.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+#: Largest data page written; a bigger row group gets several pages (of whole rows).
+PAGE_BYTES = 64 << 20
+MAGIC = b"PAR1"
+CREATED_BY = b"de_store plain parquet writer"
+
+# Parquet enums (parquet.thrift).
+_PHYSICAL = {pa.int32(): 1, pa.int64(): 2, pa.float32(): 4, pa.float64(): 5}
+_REQUIRED, _REPEATED = 0, 2
+_CONVERTED_LIST = 3
+_PLAIN, _RLE = 0, 3
+_DATA_PAGE = 0
+_UNCOMPRESSED = 0
+
+# Thrift compact protocol type ids.
+_TRUE, _I32, _I64, _BINARY, _LIST, _STRUCT = 1, 5, 6, 8, 9, 12
+
+
+def supports(schema: pa.Schema) -> bool:
+    """Whether every column of ``schema`` is a fixed-width type this writer encodes."""
+    return all(not field.nullable and _leaf_type(field.type) in _PHYSICAL for field in schema)
+
+
+def _leaf_type(type_: pa.DataType) -> pa.DataType:
+    if pa.types.is_fixed_size_list(type_):
+        if type_.value_field.nullable:
+            return pa.null()
+        return type_.value_type
+    return type_
+
+
+# -- Thrift compact protocol -----------------------------------------------------------
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _int(n: int) -> bytes:
+    """An i16/i32/i64 value: zigzag varint."""
+    return _varint((n << 1) ^ (n >> 63))
+
+
+def _binary(data: bytes) -> bytes:
+    return _varint(len(data)) + data
+
+
+def _list(element_type: int, items: list[bytes]) -> bytes:
+    size = len(items)
+    head = bytes([size << 4 | element_type]) if size < 15 else bytes([0xF0 | element_type])
+    return head + (_varint(size) if size >= 15 else b"") + b"".join(items)
+
+
+def _struct(*fields: tuple[int, int, bytes] | None) -> bytes:
+    """A struct of ``(field id, compact type, encoded value)`` in rising id order."""
+    out = bytearray()
+    last = 0
+    for field in fields:
+        if field is None:
+            continue
+        field_id, type_id, value = field
+        delta = field_id - last
+        if 0 < delta <= 15:
+            out.append(delta << 4 | type_id)
+        else:
+            out.append(type_id)
+            out += _int(field_id)
+        out += value
+        last = field_id
+    out.append(0)
+    return bytes(out)
+
+
+# -- levels ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=8)
+def _levels(rows: int, width: int) -> bytes:
+    """Length-prefixed repetition then definition levels of ``rows`` full lists.
+
+    Repetition: one bit-packed run (bit width 1) of ``0`` then ``width - 1`` ones per row.
+    Definition: one RLE run of ``rows * width`` ones.
+    """
+    values = rows * width
+    bits = np.ones(values, dtype=bool)
+    bits[::width] = False
+    packed = np.packbits(bits, bitorder="little").tobytes()
+    groups = (values + 7) // 8
+    repetition = _varint(groups << 1 | 1) + packed.ljust(groups, b"\0")
+    definition = _varint(values << 1) + b"\x01"
+    return b"".join(len(block).to_bytes(4, "little") + block for block in (repetition, definition))
+
+
+class Sink(Protocol):
+    """Where the file goes: anything with ``write``."""
+
+    def write(self, data: Any) -> int: ...
+
+
+# -- columns ---------------------------------------------------------------------------
+@dataclass
+class _Chunk:
+    """One column's pages in one row group, as the footer describes them."""
+
+    offset: int
+    size: int
+    values: int
+    statistics: bytes | None
+
+
+def _raw_values(array: pa.Array) -> memoryview:
+    """The little-endian bytes of a non-null fixed-width (list) array, without copying."""
+    if pa.types.is_fixed_size_list(array.type):
+        array = array.flatten()
+    return memoryview(array.to_numpy(zero_copy_only=True)).cast("B")
+
+
+def _page_header(size: int, values: int) -> bytes:
+    data_page = _struct(
+        (1, _I32, _int(values)),
+        (2, _I32, _int(_PLAIN)),
+        (3, _I32, _int(_RLE)),
+        (4, _I32, _int(_RLE)),
+    )
+    return _struct(
+        (1, _I32, _int(_DATA_PAGE)),
+        (2, _I32, _int(size)),
+        (3, _I32, _int(size)),
+        (5, _STRUCT, data_page),
+    )
+
+
+def _min_max(array: pa.Array) -> bytes:
+    values = array.to_numpy(zero_copy_only=True)
+    low, high = (v.tobytes() for v in (values.min(), values.max()))
+    return _struct(
+        (3, _I64, _int(0)),  # null_count
+        (5, _BINARY, _binary(high)),  # max_value
+        (6, _BINARY, _binary(low)),  # min_value
+    )
+
+
+class PlainParquetWriter:
+    """Write batches of ``schema`` (see :func:`supports`) as row groups of a Parquet file.
+
+    The same calls as the part of :class:`pyarrow.parquet.ParquetWriter` the format uses:
+    the magic is written on construction, :meth:`write_batch` writes one row group,
+    :meth:`close` the footer.
+    """
+
+    def __init__(self, sink: Sink, schema: pa.Schema, statistics: Iterable[str]) -> None:
+        self._sink = sink
+        self._schema = schema
+        self._statistics = set(statistics)
+        self._position = 0
+        self._row_groups: list[tuple[int, list[_Chunk]]] = []
+        self._closed = False
+        self._write(MAGIC)
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self._sink.write(data)
+        self._position += len(data) if isinstance(data, bytes) else data.nbytes
+
+    def write_batch(self, batch: pa.RecordBatch, row_group_size: int | None = None) -> None:
+        """Write ``batch`` as one row group (``row_group_size`` is ignored: one per batch)."""
+        chunks = [
+            self._write_column(field, column)
+            for field, column in zip(self._schema, batch.columns, strict=True)
+        ]
+        self._row_groups.append((batch.num_rows, chunks))
+
+    def _write_column(self, field: pa.Field, column: pa.Array) -> _Chunk:
+        width = column.type.list_size if pa.types.is_fixed_size_list(column.type) else None
+        data = _raw_values(column)
+        row_bytes = data.nbytes // max(len(column), 1)
+        rows_per_page = max(1, PAGE_BYTES // max(row_bytes, 1))
+        start = self._position
+        for first in range(0, len(column), rows_per_page) or range(1):
+            rows = min(rows_per_page, len(column) - first)
+            levels = _levels(rows, width) if width is not None else b""
+            body = data[first * row_bytes : (first + rows) * row_bytes]
+            self._write(_page_header(len(levels) + body.nbytes, rows * (width or 1)))
+            self._write(levels)
+            self._write(body)
+        stats = _min_max(column) if field.name in self._statistics and len(column) else None
+        return _Chunk(start, self._position - start, len(column) * (width or 1), stats)
+
+    def close(self) -> None:
+        """Write the footer (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        footer = self._footer()
+        self._write(footer + len(footer).to_bytes(4, "little") + MAGIC)
+
+    # -- footer ------------------------------------------------------------------------
+    def _footer(self) -> bytes:
+        metadata = dict(self._schema.metadata or {})
+        metadata[b"ARROW:schema"] = base64.b64encode(self._schema.serialize().to_pybytes())
+        key_values = [
+            _struct((1, _BINARY, _binary(k)), (2, _BINARY, _binary(v))) for k, v in metadata.items()
+        ]
+        type_order = _struct((1, _STRUCT, _struct()))
+        return _struct(
+            (1, _I32, _int(2)),  # version
+            (2, _LIST, _list(_STRUCT, self._schema_elements())),
+            (3, _I64, _int(sum(rows for rows, _ in self._row_groups))),
+            (4, _LIST, _list(_STRUCT, [self._row_group(i) for i in range(len(self._row_groups))])),
+            (5, _LIST, _list(_STRUCT, key_values)),
+            (6, _BINARY, _binary(CREATED_BY)),
+            (7, _LIST, _list(_STRUCT, [type_order] * len(self._schema))),
+        )
+
+    def _schema_elements(self) -> list[bytes]:
+        def element(name: str, repetition: int, **extra: bytes) -> bytes:
+            return _struct(
+                (1, _I32, extra["type"]) if "type" in extra else None,
+                (3, _I32, _int(repetition)),
+                (4, _BINARY, _binary(name.encode())),
+                (5, _I32, extra["children"]) if "children" in extra else None,
+                (6, _I32, _int(_CONVERTED_LIST)) if "list" in extra else None,
+                (10, _STRUCT, _struct((3, _STRUCT, _struct()))) if "list" in extra else None,
+            )
+
+        out = [_struct((4, _BINARY, _binary(b"schema")), (5, _I32, _int(len(self._schema))))]
+        for field in self._schema:
+            physical = _int(_PHYSICAL[_leaf_type(field.type)])
+            if pa.types.is_fixed_size_list(field.type):
+                out.append(element(field.name, _REQUIRED, children=_int(1), list=b""))
+                out.append(element("list", _REPEATED, children=_int(1)))
+                out.append(element(field.type.value_field.name, _REQUIRED, type=physical))
+            else:
+                out.append(element(field.name, _REQUIRED, type=physical))
+        return out
+
+    def _path(self, field: pa.Field) -> list[bytes]:
+        if pa.types.is_fixed_size_list(field.type):
+            return [field.name.encode(), b"list", field.type.value_field.name.encode()]
+        return [field.name.encode()]
+
+    def _row_group(self, index: int) -> bytes:
+        rows, chunks = self._row_groups[index]
+        columns = []
+        for field, chunk in zip(self._schema, chunks, strict=True):
+            meta = _struct(
+                (1, _I32, _int(_PHYSICAL[_leaf_type(field.type)])),
+                (2, _LIST, _list(_I32, [_int(_RLE), _int(_PLAIN)])),
+                (3, _LIST, _list(_BINARY, [_binary(p) for p in self._path(field)])),
+                (4, _I32, _int(_UNCOMPRESSED)),
+                (5, _I64, _int(chunk.values)),
+                (6, _I64, _int(chunk.size)),
+                (7, _I64, _int(chunk.size)),
+                (9, _I64, _int(chunk.offset)),
+                (12, _STRUCT, chunk.statistics) if chunk.statistics is not None else None,
+            )
+            columns.append(_struct((2, _I64, _int(0)), (3, _STRUCT, meta)))
+        first = chunks[0].offset
+        size = sum(c.size for c in chunks)
+        return _struct(
+            (1, _LIST, _list(_STRUCT, columns)),
+            (2, _I64, _int(size)),
+            (3, _I64, _int(rows)),
+            (5, _I64, _int(first)),
+            (6, _I64, _int(size)),
+            (7, 4, _int(index)),  # ordinal, an i16
+        )

@@ -1,0 +1,167 @@
+"""Uncompressed fixed-width shards are written by de_store's own Parquet writer.
+
+What a reader sees must be what Arrow's writer produces for the same batches: the same
+table, Arrow schema with its metadata, Parquet schema, key-value metadata, row groups and
+key statistics, whatever the dtypes, widths, row group sizes and page splits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from formats_testdata import concat, make_keys, make_values, same
+
+from de_store.backends import open_backend
+from de_store.errors import FormatError
+from de_store.formats import ExtraColumn, SchemaInfo, _plain_parquet, batch_from_numpy, get_format
+
+OURS = _plain_parquet.CREATED_BY.decode()
+
+
+def write_both(directory, schema_info, batches, buffer_size):
+    """The shard de_store writes, and the file Arrow writes from the same row groups."""
+    info = get_format("parquet").write(
+        open_backend(str(directory)),
+        "ours.parquet",
+        batches,
+        schema_info=schema_info,
+        buffer_size=buffer_size,
+    )
+    reference = directory / "arrow.parquet"
+    schema = schema_info.arrow_schema()
+    with pq.ParquetWriter(
+        reference,
+        schema,
+        compression="none",
+        use_dictionary=False,
+        write_statistics=["key"],
+        store_schema=True,
+    ) as writer:
+        for batch in batches:
+            for start in range(0, batch.num_rows, buffer_size):
+                piece = batch.slice(start, buffer_size)
+                writer.write_batch(
+                    pa.RecordBatch.from_arrays(piece.columns, schema=schema),
+                    row_group_size=piece.num_rows,
+                )
+    return info, directory / "ours.parquet", reference
+
+
+def assert_same_file_view(ours, reference):
+    ours_file, ref_file = pq.ParquetFile(ours), pq.ParquetFile(reference)
+    assert ours_file.metadata.created_by == OURS
+    assert ours_file.schema.equals(ref_file.schema)
+    assert ours_file.schema_arrow.equals(ref_file.schema_arrow, check_metadata=True)
+    assert ours_file.metadata.metadata == ref_file.metadata.metadata
+    ours_md, ref_md = ours_file.metadata, ref_file.metadata
+    assert ours_md.num_rows == ref_md.num_rows
+    assert ours_md.num_row_groups == ref_md.num_row_groups
+    for i in range(ours_md.num_row_groups):
+        ours_rg, ref_rg = ours_md.row_group(i), ref_md.row_group(i)
+        assert ours_rg.num_rows == ref_rg.num_rows
+        for j in range(ours_rg.num_columns):
+            ours_col, ref_col = ours_rg.column(j), ref_rg.column(j)
+            assert ours_col.path_in_schema == ref_col.path_in_schema
+            assert ours_col.num_values == ref_col.num_values
+            assert ours_col.is_stats_set == ref_col.is_stats_set
+            if ref_col.is_stats_set:
+                ours_stats, ref_stats = ours_col.statistics, ref_col.statistics
+                assert (ours_stats.min, ours_stats.max) == (ref_stats.min, ref_stats.max)
+                assert ours_stats.null_count == ref_stats.null_count == 0
+    table = pq.read_table(ours)
+    assert table.equals(pq.read_table(reference))
+    assert table.schema.equals(pq.read_table(reference).schema, check_metadata=True)
+
+
+@pytest.mark.parametrize("key_dtype", ["int64", "int32"])
+@pytest.mark.parametrize("value_dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("dim", [1, 3, 16])
+def test_arrow_reads_what_arrow_would_have_written(tmp_path, key_dtype, value_dtype, dim):
+    extras = (ExtraColumn("adam_m", value_dtype, dim), ExtraColumn("frequency", "int64"))
+    schema_info = SchemaInfo("user/emb", dim, key_dtype, value_dtype, extras=extras)
+    keys, values = make_keys(700, key_dtype), make_values(700, dim, value_dtype)
+    extra_values = {"adam_m": make_values(700, dim, value_dtype, seed=5),
+                    "frequency": np.arange(700, dtype=np.int64)}  # fmt: skip
+    batches = [batch_from_numpy(keys, values, extra_values)]
+    info, ours, reference = write_both(tmp_path, schema_info, batches, buffer_size=256)
+    assert len(info.parts) == 3
+    assert_same_file_view(ours, reference)
+    got = pq.read_table(ours)
+    assert same(got.column("key").to_numpy(), keys)
+    assert same(np.stack(got.column("value").to_numpy(zero_copy_only=False)), values)
+
+
+def test_row_groups_split_into_pages_of_whole_rows(tmp_path, monkeypatch):
+    # 16 rows of 7 float32 (28 bytes): at most 3 rows a page, so 6 pages a row group.
+    monkeypatch.setattr(_plain_parquet, "PAGE_BYTES", 100)
+    schema_info = SchemaInfo("emb", 7)
+    keys, values = make_keys(40, "int64"), make_values(40, 7, "float32")
+    _, ours, reference = write_both(
+        tmp_path, schema_info, [batch_from_numpy(keys, values)], buffer_size=16
+    )
+    assert_same_file_view(ours, reference)
+    batches = list(pq.ParquetFile(ours).iter_batches(batch_size=5, columns=["value"]))
+    assert same(np.stack(pa.concat_arrays([b.column(0) for b in batches]).to_numpy(
+        zero_copy_only=False)), values)  # fmt: skip
+
+
+def test_dataset_and_de_store_read_many_batches(tmp_path):
+    schema_info = SchemaInfo("emb", 4)
+    keys, values = make_keys(1000, "int64"), make_values(1000, 4, "float32")
+    batches = [batch_from_numpy(keys[i : i + 300], values[i : i + 300]) for i in (0, 300, 600)]
+    batches.append(batch_from_numpy(keys[900:], values[900:]))
+    info, ours, reference = write_both(tmp_path, schema_info, batches, buffer_size=128)
+    assert_same_file_view(ours, reference)
+    positive = ds.dataset(ours).to_table(filter=ds.field("key") > 0)
+    assert positive.num_rows == int((keys > 0).sum())
+    read = get_format("parquet").read(
+        open_backend(str(tmp_path)), "ours.parquet", expected=info, buffer_size=77
+    )
+    got_keys, got_values, _ = concat(list(read))
+    assert same(got_keys, keys) and same(got_values, values)
+
+
+def test_empty_shard_is_a_valid_parquet_file(tmp_path):
+    schema_info = SchemaInfo("emb", 4)
+    _, ours, _ = write_both(tmp_path, schema_info, [], buffer_size=128)
+    table = pq.read_table(ours)
+    assert table.num_rows == 0
+    assert table.schema.equals(schema_info.arrow_schema(), check_metadata=True)
+    assert pq.ParquetFile(ours).metadata.created_by == OURS
+
+
+@pytest.mark.parametrize(
+    ("schema_info", "compression"),
+    [
+        (SchemaInfo("emb", 4, "string"), "none"),
+        (SchemaInfo("emb", 4, "int64", "float16"), "none"),
+        (SchemaInfo("emb", 4, "int64", "bfloat16"), "none"),
+        (SchemaInfo("emb", 4), "zstd"),
+    ],
+)
+def test_other_shards_are_written_by_arrow(tmp_path, schema_info, compression):
+    keys = make_keys(10, schema_info.key_dtype)
+    values = make_values(10, 4, schema_info.value_dtype)
+    get_format("parquet", compression=compression).write(
+        open_backend(str(tmp_path)),
+        "s.parquet",
+        [batch_from_numpy(keys, values)],
+        schema_info=schema_info,
+    )
+    assert pq.ParquetFile(tmp_path / "s.parquet").metadata.created_by.startswith("parquet-cpp")
+
+
+def test_null_values_are_refused_naming_the_shard_and_column(tmp_path):
+    schema_info = SchemaInfo("emb", 2)
+    values = pa.array([[1.0, 2.0], None, [3.0, 4.0]], pa.list_(pa.float32(), 2))
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([1, 2, 3], pa.int64()), values], names=["key", "value"]
+    )
+    with pytest.raises(FormatError, match=r"s\.parquet: column 'value' holds 1 null"):
+        get_format("parquet").write(
+            open_backend(str(tmp_path)), "s.parquet", [batch], schema_info=schema_info
+        )
+    assert not (tmp_path / "s.parquet").exists()
