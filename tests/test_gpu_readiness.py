@@ -6,8 +6,9 @@ a kernel registered for ``GPU`` (or ``DEFAULT``, which TensorFlow registers for 
 device, with host-memory inputs where needed) whose type constraints accept the node's
 dtypes. The one exception is the string constants of an assertion's message, which
 TensorFlow keeps in host memory next to the (GPU-capable) ``Assert`` kernel.
-``kernels.get_registered_kernels_for_op`` lists no ``XLA_GPU_JIT`` kernels, so the table
-does not use ``jit_compile``; every op is checked against the plain GPU kernels. Inside a
+``kernels.get_registered_kernels_for_op`` lists no ``XLA_GPU_JIT`` kernels, so the ops of
+the one XLA-compiled function (the first probe rounds of a big batch) are checked against
+the plain GPU kernels too, which XLA's GPU backend covers. Inside a
 ``tf.function`` the table inlines the same kernel code its eager calls run as shared
 functions, so tracing one graph covers both.
 """

@@ -189,3 +189,34 @@ def test_big_batches_agree_with_a_dict():
     want = np.array([model[key] for key in probe[present].tolist()], np.float32)
     np.testing.assert_array_equal(values.numpy()[present], want)
     assert int(table.size()) == len(model)
+
+
+def test_keys_past_the_compiled_probe_rounds_are_found_by_the_loop():
+    """Big batches start with XLA-compiled probe rounds; the keys they leave unresolved
+    (long chains at a 0.9 load factor, missing keys) go on in the graph loop."""
+    from de_store.tables import _probe
+
+    table = HashTable(tf.int32, tf.float64, 1, name="dense_load", max_load_factor=0.9)
+    rng = np.random.default_rng(3)
+    keys = rng.choice(np.iinfo(np.int32).max, 40_000, replace=False).astype(np.int32)
+    present, missing = keys[:30_000], keys[30_000:]
+    table.insert(present, present[:, None].astype(np.float64))
+    batch = np.concatenate([present, missing, present[:5000]])  # repeats too
+    _, next_pos = _probe.first_probes(table._state.index.handle, batch.astype(np.int64))
+    assert (next_pos.numpy()[:30_000] >= 0).sum() > 100  # present keys reach the loop
+
+    lookup = tf.function(lambda k: table.lookup(k), autograph=False)
+    for values, exists in (table.lookup(batch), lookup(tf.constant(batch))):
+        expected = np.isin(batch, present)
+        assert exists.numpy().tolist() == expected.tolist()
+        np.testing.assert_array_equal(values.numpy()[:, 0], np.where(expected, batch, 0))
+
+    table.accum(batch, np.ones([len(batch), 1]), insert_missing=False)
+    values, _ = table.lookup(present)
+    np.testing.assert_array_equal(values.numpy()[:, 0], present + 1 + (np.arange(30_000) < 5000))
+    assert int(table.size()) == 30_000
+
+    table.remove(np.concatenate([present[::2], missing]))
+    values, exists = table.lookup(present)
+    assert exists.numpy().tolist() == [i % 2 == 1 for i in range(30_000)]
+    assert int(table.size()) == 15_000

@@ -26,12 +26,12 @@ def _length(var: tf.Variable) -> tf.Tensor:
 
 
 class TrackingOps:
-    """Mixed into ``TableOps``: ``self.t`` is the table, ``self.find`` probes it."""
+    """Mixed into ``TableOps``: ``self.t`` is the table, ``self.find_rows`` probes it."""
 
     t: Any
 
-    def find(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """``(slots, rows)`` of ``keys`` (slot -1: missing); ``TableOps`` probes."""
+    def find_rows(self, keys: tf.Tensor) -> tf.Tensor:
+        """The row of each of ``keys`` (negative: missing); ``TableOps`` probes."""
         raise NotImplementedError
 
     def stamp(self, rows: tf.Tensor) -> None:
@@ -75,8 +75,7 @@ class TrackingOps:
         logged = tf.range(t.num_removed.read_value())
         removed_at = tf.gather(t.removed_at, logged)
         removed = tf.gather(tf.gather(t.removed, logged), tf.where(removed_at > since)[:, 0])
-        slots, _ = self.find(removed)
-        removed = tf.gather(removed, tf.where(slots < 0)[:, 0])
+        removed = tf.gather(removed, tf.where(self.find_rows(removed) < 0)[:, 0])
         return changed[:, 0], tf.gather(t.values, changed[:, 1]), removed
 
     def forget_removed(self, upto: tf.Tensor) -> None:

@@ -25,6 +25,12 @@ duplicated new key is a segment max over the keys that found its claim. Present 
 the slot. ``accum`` sums duplicates with ``scatter_add``. A rehash places the (distinct)
 keys with their row ids directly.
 
+Lookups (and the finds of ``accum(insert_missing=False)`` and ``remove``) of 16,384 keys
+or more first run two probe rounds over every key as one XLA computation (``jit_compile``:
+its fused gathers are several times faster than the loop's, which compacts the unresolved
+keys every round); the loop then goes on from there for the few keys left. XLA compiles
+once per index capacity and batch size class (4 to 8 classes per power of two).
+
 The kernels are ``tf.function`` s shared by every table of one configuration (dtype, dim,
 sizing), traced once and given the variables' resource handles; inside a caller's
 ``tf.function`` the same code is inlined into the caller's graph.
