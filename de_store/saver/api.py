@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from de_store.saver import core, incremental
+from de_store.saver import at_exit, core, incremental
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.manifest import Manifest
 
@@ -109,6 +109,7 @@ def save(
         return url
 
     future = _executor().submit(write)
+    at_exit.track(future)
     _LAST = future
     handle = SaveHandle(url, future)
     if blocking:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -46,17 +47,46 @@ def io_device() -> str | None:
 
 def raise_async_errors_on_sync() -> None:
     """Make ``AsyncCheckpointHelper.sync`` raise a failed background save's error (once)."""
+
+    def around(original: Callable[..., None]) -> Callable[..., None]:
+        def sync(self: Any) -> None:
+            original(self)
+            self._check_async_thread_error()
+
+        return sync
+
+    _wrap_once(_async_helper_class(), "sync", around)
+
+
+def on_async_helper_created(callback: Callable[[Any], None]) -> None:
+    """Call ``callback(helper)`` for every ``AsyncCheckpointHelper`` created from now on."""
+
+    def around(original: Callable[..., None]) -> Callable[..., None]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            callback(self)
+
+        return __init__
+
+    _wrap_once(_async_helper_class(), "__init__", around)
+
+
+def _async_helper_class() -> Any:
     from tensorflow.python.checkpoint import async_checkpoint_helper as helper
 
-    cls: Any = helper.AsyncCheckpointHelper
-    if getattr(cls.sync, "_de_store_raises", False):
+    return helper.AsyncCheckpointHelper
+
+
+def _wrap_once(
+    cls: Any, name: str, around: Callable[[Callable[..., None]], Callable[..., None]]
+) -> None:
+    """Replace method ``name`` of ``cls`` by ``around(original)``, unless already done.
+
+    The original stays reachable as the replacement's ``__wrapped__``.
+    """
+    original = getattr(cls, name)
+    if getattr(original, "_de_store_wrapped", False):
         return
-    original = cls.sync
-
-    @functools.wraps(original)
-    def sync(self: Any) -> None:
-        original(self)
-        self._check_async_thread_error()
-
-    sync._de_store_raises = True  # type: ignore[attr-defined]
-    cls.sync = sync
+    wrapped: Any = functools.wraps(original)(around(original))
+    wrapped._de_store_wrapped = True
+    setattr(cls, name, wrapped)

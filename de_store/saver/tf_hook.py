@@ -27,7 +27,7 @@ from tensorflow.python.ops import io_ops
 from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
-from de_store.saver import core, gc, incremental, tf_compat
+from de_store.saver import at_exit, core, gc, incremental, tf_compat
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.rows import VariableRows, io_device_scope
 
@@ -224,3 +224,5 @@ registration.register_checkpoint_saver(
 )
 # TF's Checkpoint.sync() only waits; make it raise a failed background save's error.
 tf_compat.raise_async_errors_on_sync()
+# TF joins its async save thread too late at exit for our writers: join it earlier.
+at_exit.track_async_checkpoints()
