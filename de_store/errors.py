@@ -16,6 +16,10 @@ class TableError(DeStoreError):
     """A table core operation failed (capacity, device, internal state)."""
 
 
+class RepeatedKeysError(TableError, ValueError):
+    """A bulk load (``load_distinct``) got keys present already or repeated in it."""
+
+
 class BackendError(DeStoreError):
     """A storage backend operation failed."""
 

@@ -186,6 +186,10 @@ class Variable(tf.Module):
         shard_ids = self.partitioner(flat, len(self._shards))
         return split_by_shard(flat, shard_ids, len(self._shards))
 
+    def _for_shard(self, rows: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
+        """The rows of one shard's keys (all of them, uncopied, with a single shard)."""
+        return rows if len(self._shards) == 1 else tf.gather(rows, positions)
+
     def _stitch(self, positions: list[tf.Tensor], parts: list[tf.Tensor]) -> tf.Tensor:
         return parts[0] if len(parts) == 1 else stitch_shards(positions, parts)
 
@@ -230,7 +234,17 @@ class Variable(tf.Module):
             self._shards, self.devices, self.partition(keys), strict=True
         ):
             with tf.device(device):
-                shard.insert(shard_keys, tf.gather(values, shard_pos))
+                shard.insert(shard_keys, self._for_shard(values, shard_pos))
+
+    def load_distinct(self, keys: Any, values: Any) -> None:
+        """Bulk-insert keys absent from every shard and distinct (a restore's rows); see
+        ``TableCore.load_distinct``. On ``RepeatedKeysError`` clear the variable."""
+        values = self._rows(values)
+        for shard, device, (shard_keys, shard_pos) in zip(
+            self._shards, self.devices, self.partition(keys), strict=True
+        ):
+            with tf.device(device):
+                shard.load_distinct(shard_keys, self._for_shard(values, shard_pos))
 
     def accum(self, keys: Any, deltas: Any, insert_missing: bool = True) -> None:
         """Add ``deltas`` to the rows of ``keys`` (duplicates sum); see ``TableCore.accum``."""
@@ -239,7 +253,7 @@ class Variable(tf.Module):
             self._shards, self.devices, self.partition(keys), strict=True
         ):
             with tf.device(device):
-                shard.accum(shard_keys, tf.gather(deltas, shard_pos), insert_missing)
+                shard.accum(shard_keys, self._for_shard(deltas, shard_pos), insert_missing)
 
     def write_back(
         self, keys: tf.Tensor, old: tf.Tensor, new: tf.Tensor, existed: tf.Tensor

@@ -80,6 +80,7 @@ def _traced_graph(table: HashTable) -> graph_pb2.GraphDef:
     def every_operation(keys, rows):
         values, exists = table.lookup(keys, default_value=rows)
         table.insert(keys, rows)
+        table.load_distinct(keys + 1_000_000, rows)
         table.accum(keys, rows)
         table.accum(keys, rows, insert_missing=False)
         table.remove(keys)

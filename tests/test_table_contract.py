@@ -220,3 +220,52 @@ def test_keys_past_the_compiled_probe_rounds_are_found_by_the_loop():
     values, exists = table.lookup(present)
     assert exists.numpy().tolist() == [i % 2 == 1 for i in range(30_000)]
     assert int(table.size()) == 15_000
+
+
+def test_load_distinct_gives_what_insert_gives(table):
+    table.insert(tf.constant([1, 2], tf.int64), _rows(2))
+    table.remove(tf.constant([2], tf.int64))  # a freed row to reuse
+    table.load_distinct(tf.constant([5, 2, 9], tf.int64), _rows(3, start=100.0))
+    assert _content(table) == {
+        1: (0.0, 1.0, 2.0),
+        5: (100.0, 101.0, 102.0),
+        2: (103.0, 104.0, 105.0),
+        9: (106.0, 107.0, 108.0),
+    }
+    assert int(table.size()) == 4
+
+
+def test_load_distinct_bulk_loads_big_batches_with_growth():
+    table = HashTable(tf.int64, tf.float32, 2, name="bulk_load")
+    rng = np.random.default_rng(11)
+    keys = rng.permutation(np.arange(-150_000, 150_000, 3, dtype=np.int64))
+    rows = np.stack([keys, -keys], axis=1).astype(np.float32)
+    for start in range(0, len(keys), 40_000):  # grows several times on the way
+        table.load_distinct(keys[start : start + 40_000], rows[start : start + 40_000])
+    assert int(table.size()) == len(keys)
+    values, exists = table.lookup(np.concatenate([keys, keys + 1]))
+    assert exists.numpy().tolist() == [True] * len(keys) + [False] * len(keys)
+    np.testing.assert_array_equal(values.numpy()[: len(keys)], rows)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [[4, 8, 15, 8], [16, 23, 42, 42, 42], [7]],  # repeated in the batch; present already
+    ids=["repeat", "repeats", "present"],
+)
+def test_load_distinct_refuses_repeated_or_present_keys_and_clears(keys):
+    from de_store.errors import RepeatedKeysError
+
+    table = HashTable(tf.int64, tf.float32, 3, name="emb/restore")
+    table.insert(tf.constant([7], tf.int64), _rows(1))
+    batch = tf.constant(keys, tf.int64)
+    repeated = len(keys) - len(set(keys)) + (7 in keys)
+    with pytest.raises(
+        RepeatedKeysError,
+        match=rf"table 'emb/restore': load_distinct expects keys absent from the table and "
+        rf"distinct; {repeated} keys were present already or repeated \(the table was cleared\)",
+    ):
+        table.load_distinct(batch, _rows(len(keys)))
+    assert int(table.size()) == 0
+    table.insert(batch, _rows(len(keys)))  # usable again
+    assert int(table.size()) == len(set(keys))

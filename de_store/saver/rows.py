@@ -11,22 +11,28 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
-from de_store.errors import CheckpointError
+from de_store.errors import CheckpointError, RepeatedKeysError
 from de_store.saver.manifest import ColumnSpec, VariableEntry
 
 if TYPE_CHECKING:
     from de_store.saver.incremental import ChangeBase
 
 VALUE_COLUMN = "value"
+_log = logging.getLogger(__name__)
 #: Rows per upsert on restore: large enough to amortise the per-call cost, small enough
 #: for the table's insert to stay fast (it slows down on much larger batches).
 UPSERT_ROWS = 1 << 18
+#: Byte alignment TensorFlow's CPU kernels require of a tensor's buffer.
+TF_ALIGNMENT = 64
+#: Rows per bulk load (``load_distinct``) on restore: it gains from larger batches.
+LOAD_ROWS = 1 << 20
 #: Headroom over an even split of the restored rows when shards are grown up front.
 RESERVE_SLACK = 1.1
 
@@ -67,10 +73,23 @@ def to_host(tensor: tf.Tensor) -> np.ndarray:
 def to_tensor(array: np.ndarray) -> tf.Tensor:
     """Restored rows as a tensor, placed on the IO device when one is set."""
     device = _IO_DEVICE.get()
+    tensor = _host_tensor(array)
     if device is None:
-        return tf.constant(array)
+        return tensor
     with _on_io_device(device):
-        return tf.identity(tf.constant(array))
+        return tf.identity(tensor)
+
+
+def _host_tensor(array: np.ndarray) -> tf.Tensor:
+    """``array`` as a host tensor that shares its memory where DLPack can (writable ints
+    and floats, aligned for TF; a copy otherwise): a 10M-row restore hands TF 720 MB."""
+    aligned = array.ctypes.data % TF_ALIGNMENT == 0  # TF's kernels check it, and abort
+    if array.dtype.kind in "iuf" and array.flags.writeable and aligned:
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except (BufferError, TypeError, ValueError):
+            pass  # e.g. a dtype DLPack lacks
+    return tf.constant(array)
 
 
 @contextlib.contextmanager
@@ -232,7 +251,17 @@ def apply_rows(
     total = max(reserve, sum(batch.rows for batch in batches))
     for target in targets.values():
         _reserve(target, total)
-    upsert_rows(targets, batches)
+    try:  # a checkpoint holds each key once: bulk-load them
+        for batch in coalesce(batches, LOAD_ROWS):
+            keys = to_tensor(batch.keys)
+            for column, target in targets.items():
+                target.load_distinct(keys, to_tensor(batch.columns[column]))
+    except RepeatedKeysError as err:
+        _log.warning("variable %r: %s; restoring with upserts instead", variable.name, err)
+        variable.clear()
+        for target in targets.values():
+            _reserve(target, total)
+        upsert_rows(targets, batches)
 
 
 def apply_delta(
@@ -298,6 +327,18 @@ def coalesce(batches: Iterable[ShardRows], rows: int) -> Iterator[ShardRows]:
 def _concat(batches: list[ShardRows]) -> ShardRows:
     if len(batches) == 1:
         return batches[0]
-    keys = np.concatenate([b.keys for b in batches])
-    columns = {n: np.concatenate([b.columns[n] for b in batches]) for n in batches[0].columns}
+    keys = _aligned_concat([b.keys for b in batches])
+    columns = {n: _aligned_concat([b.columns[n] for b in batches]) for n in batches[0].columns}
     return ShardRows(keys, columns)
+
+
+def _aligned_concat(arrays: list[np.ndarray]) -> np.ndarray:
+    """``numpy.concatenate`` into a buffer aligned for TensorFlow (see ``_host_tensor``)."""
+    if arrays[0].dtype == object:
+        return np.concatenate(arrays)
+    shape = (sum(len(a) for a in arrays), *arrays[0].shape[1:])
+    dtype = arrays[0].dtype
+    raw = np.empty(int(np.prod(shape)) * dtype.itemsize + TF_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % TF_ALIGNMENT
+    out = raw[start : start + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+    return np.concatenate(arrays, out=out)

