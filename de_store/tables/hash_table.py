@@ -23,7 +23,9 @@ case) every claimer is its own last occurrence; otherwise the last occurrence of
 duplicated new key is a segment max over the keys that found its claim. Present keys (and
 ``remove``) race with tokens once more, re-run for later writers until the last one holds
 the slot. ``accum`` sums duplicates with ``scatter_add``. A rehash places the (distinct)
-keys with their row ids directly.
+keys with their row ids directly, and so does ``load_distinct``, the bulk load a restore
+uses (a checkpoint holds each key once); a key found in its own way there (present, or
+repeated) makes it clear the table and raise ``RepeatedKeysError``.
 
 Lookups (and the finds of ``accum(insert_missing=False)`` and ``remove``) of 16,384 keys
 or more first run two probe rounds over every key as one XLA computation (``jit_compile``:
