@@ -269,3 +269,19 @@ def test_load_distinct_refuses_repeated_or_present_keys_and_clears(keys):
     assert int(table.size()) == 0
     table.insert(batch, _rows(len(keys)))  # usable again
     assert int(table.size()) == len(set(keys))
+
+
+def test_clear_returns_index_and_row_store_to_their_initial_sizes():
+    table = HashTable(tf.int64, tf.float32, 2, name="cleared", init_size=1000)
+    initial = (table.capacity(), table.memory_bytes())
+    keys = np.arange(5000, dtype=np.int64)
+    table.insert(keys, np.ones([5000, 2], np.float32))
+    table.remove(keys[:10])
+    assert table.capacity() > initial[0]
+    table.clear()
+    assert (table.capacity(), table.memory_bytes(), int(table.size())) == (*initial, 0)
+    _, exists = table.lookup(keys)
+    assert not exists.numpy().any()
+    table.clear()  # already empty and at the initial sizes: nothing to do
+    table.insert(keys[:3], np.full([3, 2], 7.0, np.float32))
+    assert _content(table) == {0: (7.0, 7.0), 1: (7.0, 7.0), 2: (7.0, 7.0)}

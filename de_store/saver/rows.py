@@ -297,7 +297,8 @@ def upsert_rows(targets: dict[str, Any], batches: Iterable[ShardRows]) -> None:
 def _reserve(variable: Any, rows: int) -> None:
     """Grow each shard once for its expected share of ``rows`` (cores that can; growing
     step by step while inserting costs about half of a bulk load's time)."""
-    share = int(rows / len(variable.shards) * RESERVE_SLACK)
+    shards = len(variable.shards)
+    share = rows if shards == 1 else int(rows / shards * RESERVE_SLACK)
     for shard, device in zip(variable.shards, variable.devices, strict=True):
         if hasattr(shard, "reserve"):
             with tf.device(device):

@@ -74,6 +74,7 @@ class Config:
     row_growth: float
     init_capacity: int
     track_changes: bool = True
+    init_rows: int = 16  # of the row store
 
 
 class State(NamedTuple):
@@ -643,15 +644,36 @@ class TableOps(TrackingOps):
             self.log_removed(keys)
 
     def clear(self) -> None:
-        """Empty the table: the index goes back to its initial capacity, rows are released."""
+        """Empty the table: the index and the row store go back to their initial sizes.
+
+        A buffer already at its initial size is kept, not allocated anew (new memory is
+        slow to touch, and a restore clears a fresh table first): rows are written when
+        they are handed out, and an index without keys or tombstones is all empty.
+        """
         t = self.t
-        t.index.assign(empty_index(tf.constant(t.init_capacity, tf.int64)))
-        t.values.assign(tf.zeros([16, t.dim], t.values.dtype))
+        capacity = tf.constant(t.init_capacity, tf.int64)
+        used = tf.logical_or(t.num_keys + t.num_deleted > 0, variable_length(t.index) != capacity)
+
+        def empty() -> tf.Tensor:
+            t.index.assign(empty_index(capacity))
+            return tf.constant(True)
+
+        tf.cond(used, empty, lambda: tf.constant(False))
+        rows = tf.constant(t.init_rows, tf.int64)
+
+        def shrink() -> tf.Tensor:
+            t.values.assign(tf.zeros(tf.stack([rows, t.dim]), t.values.dtype))
+            if t.track_changes:  # stamps are as long as the row store
+                # Fill has no GPU kernel for uint32 (nor int32): cast int64 zeros
+                zeros = tf.zeros(tf.reshape(rows, [1]), tf.int64)
+                t.stamps.assign(tf.cast(zeros, STAMP_DTYPE))
+            return tf.constant(True)
+
+        tf.cond(variable_length(t.values) != rows, shrink, lambda: tf.constant(False))
         t.free_rows.assign(tf.zeros([16], tf.int64))
         for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row, t.num_removed):
             counter.assign(0)
         if t.track_changes:  # the epoch goes on: a cleared table has no history
-            t.stamps.assign(tf.zeros([16], STAMP_DTYPE))
             t.removed.assign(tf.zeros([16], tf.int64))
             t.removed_at.assign(tf.zeros([16], tf.int64))
 

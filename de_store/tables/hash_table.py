@@ -140,6 +140,7 @@ class HashTable(TableCore):
                 self.row_growth,
                 self.init_capacity,
                 self.track_changes,
+                rows,
             )
         )
 
@@ -209,7 +210,7 @@ class HashTable(TableCore):
                 self._kernels.run("prepare", self._state, tf.constant(count, tf.int64))
 
     def clear(self) -> None:
-        """Remove every key; the index returns to its initial capacity."""
+        """Remove every key; the index and the row store return to their initial sizes."""
         with tf.device(self._device):
             self._kernels.run("clear", self._state)
 
