@@ -293,3 +293,128 @@ class PlainParquetWriter:
             (6, _I64, _int(size)),
             (7, 4, _int(index)),  # ordinal, an i16
         )
+
+
+# -- reading ---------------------------------------------------------------------------
+class NotPlain(Exception):
+    """A row group this reader does not decode (Arrow's reader does it instead)."""
+
+
+def written_here(metadata: Any) -> bool:
+    """Whether a Parquet footer (``pyarrow.parquet.FileMetaData``) is this writer's."""
+    return bool(metadata.created_by == CREATED_BY.decode())
+
+
+def decode_row_group(
+    data: pa.Buffer, offset: int, metadata: Any, index: int, schema: pa.Schema
+) -> pa.RecordBatch:
+    """Row group ``index`` of a file this writer wrote, from its bytes ``data`` (which start
+    at file offset ``offset``), as a batch of ``schema``'s columns, without copying.
+
+    Each column chunk must be one PLAIN page with the levels this writer writes;
+    :class:`NotPlain` otherwise.
+    """
+    group = metadata.row_group(index)
+    rows = group.num_rows
+    names = [group.column(j).path_in_schema.split(".")[0] for j in range(group.num_columns)]
+    arrays = []
+    for field in schema:
+        if field.name not in names:
+            raise NotPlain(field.name)
+        chunk = group.column(names.index(field.name))
+        start = chunk.data_page_offset - offset
+        if chunk.compression != "UNCOMPRESSED" or start < 0:
+            raise NotPlain(field.name)
+        body = _page_body(data, start, chunk.total_compressed_size)
+        arrays.append(_column(field.type, body, rows))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _column(type_: pa.DataType, body: pa.Buffer, rows: int) -> pa.Array:
+    if not pa.types.is_fixed_size_list(type_):
+        if body.size != rows * type_.bit_width // 8:
+            raise NotPlain("size")
+        return pa.Array.from_buffers(type_, rows, [None, body])
+    width, leaf = type_.list_size, type_.value_type
+    levels = _levels(rows, width)
+    if body.size != len(levels) + rows * width * leaf.bit_width // 8:
+        raise NotPlain("size")
+    if body.slice(0, len(levels)) != pa.py_buffer(levels):
+        raise NotPlain("levels")
+    flat = pa.Array.from_buffers(leaf, rows * width, [None, body.slice(len(levels))])
+    return pa.FixedSizeListArray.from_arrays(flat, type=type_)
+
+
+def _page_body(data: pa.Buffer, start: int, chunk_size: int) -> pa.Buffer:
+    """The body of the one data page making up a column chunk at ``start``."""
+    header = memoryview(data).cast("B")[start : start + min(chunk_size, 256)]
+    fields, end = _read_struct(header, 0)
+    if fields.get(1) != _DATA_PAGE or fields.get(2) != fields.get(3):
+        raise NotPlain("page type or compression")
+    size = fields.get(3)
+    page = fields.get(5)
+    if not isinstance(size, int) or end + size != chunk_size or not isinstance(page, dict):
+        raise NotPlain("one page a chunk")
+    if page.get(2) != _PLAIN:
+        raise NotPlain("encoding")
+    return data.slice(start + end, size)
+
+
+def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise NotPlain("truncated header")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _read_value(buf: memoryview, pos: int, type_id: int) -> tuple[Any, int]:
+    """One Thrift compact value (structs as dicts, lists skipped to ``None``)."""
+    if type_id in (_TRUE, 2):
+        return type_id == _TRUE, pos
+    if type_id == 3:  # byte
+        return buf[pos], pos + 1
+    if type_id in (4, _I32, _I64):
+        raw, pos = _read_varint(buf, pos)
+        return (raw >> 1) ^ -(raw & 1), pos
+    if type_id == 7:  # double
+        return None, pos + 8
+    if type_id == _BINARY:
+        size, pos = _read_varint(buf, pos)
+        return None, pos + size
+    if type_id == _STRUCT:
+        return _read_struct(buf, pos)
+    if type_id == _LIST:
+        head = buf[pos]
+        pos += 1
+        size, element = head >> 4, head & 0x0F
+        if size == 15:
+            size, pos = _read_varint(buf, pos)
+        for _ in range(size):
+            _, pos = _read_value(buf, pos, element)
+        return None, pos
+    raise NotPlain(f"thrift type {type_id}")
+
+
+def _read_struct(buf: memoryview, pos: int) -> tuple[dict[int, Any], int]:
+    fields: dict[int, Any] = {}
+    last = 0
+    while True:
+        if pos >= len(buf):
+            raise NotPlain("truncated header")
+        head = buf[pos]
+        pos += 1
+        if head == 0:
+            return fields, pos
+        delta, type_id = head >> 4, head & 0x0F
+        if delta:
+            last += delta
+        else:
+            raw, pos = _read_varint(buf, pos)
+            last = (raw >> 1) ^ -(raw & 1)
+        fields[last], pos = _read_value(buf, pos, type_id)

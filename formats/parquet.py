@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from de_store.errors import FormatError
 
-from ._plain_parquet import PlainParquetWriter, supports
+from ._plain_parquet import NotPlain, PlainParquetWriter, decode_row_group, supports, written_here
 from ._shard import (
     PartReader,
     check_columns,
@@ -173,14 +173,27 @@ def _read_verified(
         metadata = _checked_metadata(where, tail, expected)
         size, footer_at = expected.files[0].bytes, expected.parts[-1].ranges[0].end
         reader = PartReader(f, where)
+        plain = written_here(metadata)
+        schema = expected.schema.arrow_schema()
+        if columns is not None:
+            schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
 
         def read(job: tuple[int, int]) -> list[pa.RecordBatch]:
             turn, i = job
             part = expected.parts[i]
             r = part.ranges[0]
+            data = reader.read(turn, r, f"part {i}")
+            if plain:  # our own writer's pages: decoded in place, no Arrow reader
+                try:
+                    batch = decode_row_group(pa.py_buffer(data), r.offset, metadata, i, schema)
+                except NotPlain:
+                    pass
+                else:
+                    check_rows(where, i, part.rows, batch.num_rows)
+                    return [batch]
             sparse = SparseFile(size, where)  # one per part: parts decode in parallel
             sparse.put(footer_at, tail)
-            sparse.put(r.offset, reader.read(turn, r, f"part {i}"))
+            sparse.put(r.offset, data)
             with decoding(where):
                 file = pq.ParquetFile(sparse, metadata=metadata)
                 table = file.read_row_group(i, columns=columns, use_threads=False)

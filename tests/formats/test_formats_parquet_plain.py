@@ -165,3 +165,40 @@ def test_null_values_are_refused_naming_the_shard_and_column(tmp_path):
             open_backend(str(tmp_path)), "s.parquet", [batch], schema_info=schema_info
         )
     assert not (tmp_path / "s.parquet").exists()
+
+
+def _read_back(tmp_path, info, **kw):
+    fmt = get_format("parquet")
+    batches = fmt.read(open_backend(str(tmp_path)), info.path, expected=info, **kw)
+    return concat(list(batches))
+
+
+def test_de_store_decodes_its_own_pages_in_place(tmp_path, monkeypatch):
+    schema_info = SchemaInfo("emb", 5, extras=(ExtraColumn("freq", "int64"),))
+    keys, values = make_keys(900, "int64"), make_values(900, 5, "float32")
+    freq = np.arange(900, dtype=np.int64)
+    info, _, _ = write_both(
+        tmp_path, schema_info, [batch_from_numpy(keys, values, {"freq": freq})], buffer_size=256
+    )
+
+    def no_arrow_reader(*args, **kwargs):
+        raise AssertionError("Arrow's Parquet reader was used")
+
+    monkeypatch.setattr("de_store.formats.parquet.pq.ParquetFile", no_arrow_reader)
+    got_keys, got_values, extras = _read_back(tmp_path, info, buffer_size=100)
+    assert same(got_keys, keys) and same(got_values, values) and same(extras["freq"], freq)
+    got_keys, got_values, extras = _read_back(
+        tmp_path, info, columns=["key", "value"], parts=[1, 3]
+    )
+    assert same(got_keys, np.concatenate([keys[256:512], keys[768:]]))
+    assert same(got_values, np.concatenate([values[256:512], values[768:]])) and extras == {}
+
+
+def test_chunks_of_several_pages_are_decoded_by_arrow(tmp_path, monkeypatch):
+    monkeypatch.setattr(_plain_parquet, "PAGE_BYTES", 100)
+    keys, values = make_keys(40, "int64"), make_values(40, 7, "float32")
+    info, _, _ = write_both(
+        tmp_path, SchemaInfo("emb", 7), [batch_from_numpy(keys, values)], buffer_size=16
+    )
+    got_keys, got_values, _ = _read_back(tmp_path, info)
+    assert same(got_keys, keys) and same(got_values, values)
