@@ -41,7 +41,9 @@ _DATA_PAGE = 0
 _UNCOMPRESSED = 0
 
 # Thrift compact protocol type ids.
-_TRUE, _I32, _I64, _BINARY, _LIST, _STRUCT = 1, 5, 6, 8, 9, 12
+_TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _STRUCT = (
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 12
+)  # fmt: skip
 
 
 def supports(schema: pa.Schema) -> bool:
@@ -291,7 +293,7 @@ class PlainParquetWriter:
             (3, _I64, _int(rows)),
             (5, _I64, _int(first)),
             (6, _I64, _int(size)),
-            (7, 4, _int(index)),  # ordinal, an i16
+            (7, _I16, _int(index)),  # ordinal
         )
 
 
@@ -375,14 +377,14 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
 
 def _read_value(buf: memoryview, pos: int, type_id: int) -> tuple[Any, int]:
     """One Thrift compact value (structs as dicts, lists skipped to ``None``)."""
-    if type_id in (_TRUE, 2):
+    if type_id in (_TRUE, _FALSE):
         return type_id == _TRUE, pos
-    if type_id == 3:  # byte
+    if type_id == _BYTE:
         return buf[pos], pos + 1
-    if type_id in (4, _I32, _I64):
+    if type_id in (_I16, _I32, _I64):
         raw, pos = _read_varint(buf, pos)
         return (raw >> 1) ^ -(raw & 1), pos
-    if type_id == 7:  # double
+    if type_id == _DOUBLE:
         return None, pos + 8
     if type_id == _BINARY:
         size, pos = _read_varint(buf, pos)

@@ -246,11 +246,15 @@ def apply_rows(
 ) -> None:
     """Replace the variable's content (and companions') with the restored rows; grow the
     tables for ``reserve`` rows (at least the rows given) first."""
-    variable.clear()
     targets = _targets(variable, specs)
     total = max(reserve, sum(batch.rows for batch in batches))
-    for target in targets.values():
-        _reserve(target, total)
+
+    def empty_and_reserve() -> None:
+        variable.clear()  # companions too
+        for target in targets.values():
+            _reserve(target, total)
+
+    empty_and_reserve()
     try:  # a checkpoint holds each key once: bulk-load them
         for batch in coalesce(batches, LOAD_ROWS):
             keys = to_tensor(batch.keys)
@@ -258,9 +262,7 @@ def apply_rows(
                 target.load_distinct(keys, to_tensor(batch.columns[column]))
     except RepeatedKeysError as err:
         _log.warning("variable %r: %s; restoring with upserts instead", variable.name, err)
-        variable.clear()
-        for target in targets.values():
-            _reserve(target, total)
+        empty_and_reserve()
         upsert_rows(targets, batches)
 
 
@@ -339,7 +341,8 @@ def _aligned_concat(arrays: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(arrays)
     shape = (sum(len(a) for a in arrays), *arrays[0].shape[1:])
     dtype = arrays[0].dtype
-    raw = np.empty(int(np.prod(shape)) * dtype.itemsize + TF_ALIGNMENT, np.uint8)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % TF_ALIGNMENT
-    out = raw[start : start + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+    out = raw[start : start + nbytes].view(dtype).reshape(shape)
     return np.concatenate(arrays, out=out)

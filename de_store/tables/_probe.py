@@ -17,7 +17,8 @@ import tensorflow as tf
 from tensorflow.python.framework import cpp_shape_inference_pb2
 from tensorflow.python.ops import resource_variable_ops
 
-from de_store.tables._tracking import STAMP_DTYPE, TrackingOps
+from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, push, variable_length
+from de_store.tables._tracking import count as _count
 
 EMPTY = -1
 DELETED = -2
@@ -53,15 +54,6 @@ def hash_keys(keys: tf.Tensor) -> tf.Tensor:
     x = tf.bitwise.bitwise_xor(x, tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, 33), _LOW31))
     x = x * _MIX2
     return tf.bitwise.bitwise_xor(x, tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, 33), _LOW31))
-
-
-def variable_length(var: tf.Variable) -> tf.Tensor:
-    """Leading dimension of a variable, without reading its value."""
-    return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
-
-
-def _count(x: tf.Tensor) -> tf.Tensor:
-    return tf.size(x, out_type=tf.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,27 +453,7 @@ class TableOps(TrackingOps):
 
     def free(self, rows: tf.Tensor) -> None:
         """Push row ids on the free list (growing it when full)."""
-        t = self.t
-        top = t.num_free.read_value()
-        needed = top + _count(rows)
-
-        def grow() -> tf.Tensor:
-            have = variable_length(t.free_rows)
-            t.free_rows.assign(
-                tf.concat(
-                    [
-                        t.free_rows,
-                        tf.zeros(tf.reshape(tf.maximum(needed, 2 * have) - have, [1]), tf.int64),
-                    ],
-                    axis=0,
-                )
-            )
-            return tf.constant(True)
-
-        have = variable_length(t.free_rows)
-        tf.cond(needed > have, grow, lambda: tf.constant(False))
-        t.free_rows.scatter_update(tf.IndexedSlices(rows, tf.range(top, needed)))
-        t.num_free.assign(needed)
+        push(self.t.num_free, [(self.t.free_rows, rows)])
 
     # -- operations --------------------------------------------------------------------
     def lookup(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

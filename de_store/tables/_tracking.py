@@ -8,6 +8,7 @@ rows stamped later and the logged keys removed later that are absent now.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -17,12 +18,37 @@ import tensorflow as tf
 STAMP_DTYPE = tf.uint32
 
 
-def _count(x: tf.Tensor) -> tf.Tensor:
+def count(x: tf.Tensor) -> tf.Tensor:
+    """Elements of ``x`` (int64 scalar)."""
     return tf.size(x, out_type=tf.int64)
 
 
-def _length(var: tf.Variable) -> tf.Tensor:
+def variable_length(var: tf.Variable) -> tf.Tensor:
+    """Leading dimension of a variable, without reading its value."""
     return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
+
+
+def push(top: tf.Variable, stacks: Sequence[tuple[tf.Variable, tf.Tensor]]) -> None:
+    """Append each ``values`` to its int64 stack variable at ``top``, the fill they share.
+
+    The stacks are as long as each other; when the values do not fit they all grow first,
+    to twice their length or to what is needed if more. ``top`` then counts the values.
+    """
+    start = top.read_value()
+    needed = start + count(stacks[0][1])
+
+    def grow() -> tf.Tensor:
+        have = variable_length(stacks[0][0])
+        extra = tf.zeros(tf.reshape(tf.maximum(needed, 2 * have) - have, [1]), tf.int64)
+        for stack, _ in stacks:
+            stack.assign(tf.concat([stack, extra], axis=0))
+        return tf.constant(True)
+
+    tf.cond(needed > variable_length(stacks[0][0]), grow, lambda: tf.constant(False))
+    at = tf.range(start, needed)
+    for stack, values in stacks:
+        stack.scatter_update(tf.IndexedSlices(values, at))
+    top.assign(needed)
 
 
 class TrackingOps:
@@ -44,22 +70,8 @@ class TrackingOps:
     def log_removed(self, keys: tf.Tensor) -> None:
         """Append ``keys`` to the removal log with the current epoch (growing it when full)."""
         t = self.t
-        top = t.num_removed.read_value()
-        needed = top + _count(keys)
-
-        def grow() -> tf.Tensor:
-            have = _length(t.removed)
-            extra = tf.zeros(tf.reshape(tf.maximum(needed, 2 * have) - have, [1]), tf.int64)
-            t.removed.assign(tf.concat([t.removed, extra], axis=0))
-            t.removed_at.assign(tf.concat([t.removed_at, extra], axis=0))
-            return tf.constant(True)
-
-        tf.cond(needed > _length(t.removed), grow, lambda: tf.constant(False))
-        at = tf.range(top, needed)
-        t.removed.scatter_update(tf.IndexedSlices(keys, at))
         epoch = tf.fill(tf.shape(keys), t.epoch.read_value())
-        t.removed_at.scatter_update(tf.IndexedSlices(epoch, at))
-        t.num_removed.assign(needed)
+        push(t.num_removed, [(t.removed, keys), (t.removed_at, epoch)])
 
     def export_changes(self, since: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """``(keys, values)`` of the live rows written at an epoch after ``since``, and the
@@ -85,7 +97,7 @@ class TrackingOps:
         removed_at = tf.gather(t.removed_at, logged)
         kept = tf.gather(logged, tf.where(removed_at > upto)[:, 0])
         keys, epochs = tf.gather(t.removed, kept), tf.gather(t.removed_at, kept)
-        at = tf.range(_count(kept))
+        at = tf.range(count(kept))
         t.removed.scatter_update(tf.IndexedSlices(keys, at))
         t.removed_at.scatter_update(tf.IndexedSlices(epochs, at))
-        t.num_removed.assign(_count(kept))
+        t.num_removed.assign(count(kept))

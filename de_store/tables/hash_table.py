@@ -317,10 +317,13 @@ class HashTable(TableCore):
 
 
 def _repeated(table: HashTable, count: int | None) -> str:
+    """The message of a failed ``load_distinct``: ``count`` None inside a ``tf.function``,
+    where the count is not known yet and the table is not cleared."""
     found = "some keys were" if count is None else f"{count} keys were"
+    cleared = "" if count is None else " (the table was cleared)"
     return (
         f"table {table.table_name!r}: load_distinct expects keys absent from the table and "
-        f"distinct; {found} present already or repeated (the table was cleared)"
+        f"distinct; {found} present already or repeated{cleared}"
     )
 
 
