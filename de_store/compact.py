@@ -16,16 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from de_store._rewrite import check_columns, commit_ranks, concat_rows, new_checkpoint, select
 from de_store.backends import Backend
 from de_store.catalog import open_location
-from de_store.convert import (
-    SourceVariable,
-    _check_columns,
-    _commit,
-    _concat_rows,
-    _new_checkpoint,
-    _select,
-)
+from de_store.convert import SourceVariable
 from de_store.errors import CheckpointError
 from de_store.formats.binary import numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
@@ -151,7 +145,7 @@ class _RecordGroups:
         batches = list(
             shards.read_shard_rows(self.folder, self.record, parts, buffer_size=self.buffer_size)
         )
-        keys, columns = _concat_rows([(b.keys, b.columns) for b in batches], self.record.info)
+        keys, columns = concat_rows([(b.keys, b.columns) for b in batches], self.record.info)
         if self.step < self.groups:  # order the class's rows by group, once
             buckets = key_hash_mod(keys, self.groups, self.key_dtype)
             order, counts = bucket_order(buckets, self.groups)
@@ -261,13 +255,13 @@ def write_flattened(
     and shards reads its buckets as from any full checkpoint. ``format_name`` None: the
     format of each variable's newest link.
     """
-    with _new_checkpoint(backend, name) as strategy:
+    with new_checkpoint(backend, name) as strategy:
         staging = backend.sub(strategy.staging)
         entries = {}
         for var in variables:
             fmt = format_name or var.links[-1][1].format
             entries[var.name] = _write_groups(staging, source, var, fmt, buffer_size, progress)
-        _commit(strategy, {0: entries}, metadata)
+        commit_ranks(strategy, {0: entries}, metadata)
 
 
 def _write_groups(
@@ -354,13 +348,13 @@ def compact(
     source, name = open_location(url, storage_options)
     _, variables = chain_source(source, name, group_rows=group_rows)
     if names:
-        variables = _select(variables, tuple(names), url)
+        variables = select(variables, tuple(names), url)
     if values_only:
         variables = [
             dataclasses.replace(v, columns={"value": v.columns["value"]}) for v in variables
         ]
     for var in variables:
-        _check_columns(var.name, var.key_dtype, var.columns, format or var.links[-1][1].format)
+        check_columns(var.name, var.key_dtype, var.columns, format or var.links[-1][1].format)
     target, out_name = open_location(out_url, storage_options)
     write_flattened(
         variables,

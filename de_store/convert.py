@@ -12,15 +12,15 @@ Rows are held one variable and one rank at a time.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from de_store._rewrite import check_columns, commit_ranks, concat_rows, new_checkpoint, select
 from de_store.backends import Backend, open_backend
 from de_store.catalog import open_location
 from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
@@ -28,13 +28,10 @@ from de_store.formats import FORMATS, batch_to_numpy, tfra
 from de_store.formats.batches import batch_from_numpy
 from de_store.formats.binary import KEYS_SUFFIX, VALUES_SUFFIX, decode_pair, numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
-from de_store.saver.commit import CommitStrategy, commit_strategy, read_manifest
+from de_store.saver.commit import read_manifest
 from de_store.saver.manifest import (
     ColumnSpec,
-    RankManifest,
     VariableEntry,
-    merge_rank_manifests,
-    to_json,
 )
 from de_store.saver.rows import ShardRows, VariableRows
 
@@ -76,7 +73,7 @@ def checkpoint_source(backend: Backend, name: str) -> list[SourceVariable]:
             batches = list(
                 shards.read_shard_rows(folder_backend, record, parts, buffer_size=1 << 16)
             )
-            return _concat_rows([(b.keys, b.columns) for b in batches], record.info)
+            return concat_rows([(b.keys, b.columns) for b in batches], record.info)
 
         return load
 
@@ -97,14 +94,6 @@ def checkpoint_source(backend: Backend, name: str) -> list[SourceVariable]:
             )
         )
     return out
-
-
-def _concat_rows(batches: list[tuple[np.ndarray, dict[str, np.ndarray]]], info: Any) -> Any:
-    if not batches:
-        raise CheckpointError(f"shard {info['path']} yielded no batch")
-    keys = np.concatenate([k for k, _ in batches])
-    columns = {c: np.concatenate([cols[c] for _, cols in batches]) for c in batches[0][1]}
-    return keys, columns
 
 
 def tfra_variable_names(backend: Backend) -> list[str]:
@@ -175,7 +164,7 @@ def write_checkpoint(
 ) -> None:
     """Write ``variables`` as the new committed checkpoint ``name`` in ``format_name``."""
     proc_size = max(v.proc_size for v in variables)
-    with _new_checkpoint(backend, name) as strategy:
+    with new_checkpoint(backend, name) as strategy:
         staging = backend.sub(strategy.staging)
         entries: dict[int, dict[str, VariableEntry]] = {r: {} for r in range(proc_size)}
         for var in variables:
@@ -183,7 +172,7 @@ def write_checkpoint(
                 entry = _write_rank(staging, var, rank, loaders, format_name, buffer_size)
                 entries[rank][var.name] = entry
                 progress.update(len(loaders))
-        _commit(strategy, entries, metadata)
+        commit_ranks(strategy, entries, metadata)
 
 
 def _write_rank(
@@ -213,37 +202,6 @@ def _write_rank(
         for index, (shard_id, _) in enumerate(loaded)
     ]
     return shards.entry_for(rows, records, format_name)
-
-
-def _commit(
-    strategy: CommitStrategy,
-    entries: dict[int, dict[str, VariableEntry]],
-    metadata: dict[str, Any] | None,
-) -> None:
-    """Write each rank's manifest into the staging folder, then merge and commit them."""
-    staging = strategy.backend.sub(strategy.staging)
-    ranks = [RankManifest(r, len(entries), entries[r]) for r in range(len(entries))]
-    for manifest in ranks:
-        staging.write_bytes(f"_ranks/rank-{manifest.rank:05d}.json", to_json(manifest))
-    strategy.commit(merge_rank_manifests(ranks, metadata=metadata))
-
-
-@contextlib.contextmanager
-def _new_checkpoint(backend: Backend, name: str) -> Iterator[CommitStrategy]:
-    """The commit strategy of the new checkpoint ``name`` (an error if it exists already);
-    what was staged is removed if the block fails before the commit."""
-    if backend.exists(name):
-        raise CheckpointError(
-            f"{backend.url.rstrip('/')}/{name} exists already: convert writes a new checkpoint"
-        )
-    strategy = commit_strategy(backend, name)
-    try:
-        yield strategy
-    except BaseException:
-        if strategy.committed_state() is None:
-            with contextlib.suppress(Exception):
-                backend.delete(strategy.staging, recursive=True)
-        raise
 
 
 def write_tfra(
@@ -298,7 +256,7 @@ def open_source(
         pass
     else:
         if tfra_options.names:
-            variables = _select(variables, tfra_options.names, src)
+            variables = select(variables, tfra_options.names, src)
         return variables, "checkpoint"
     if tfra_options.dim is None:
         raise CheckpointError(
@@ -316,21 +274,6 @@ def open_source(
     return variables, "tfra"
 
 
-class _HasName(Protocol):
-    name: str
-
-
-_Named = TypeVar("_Named", bound=_HasName)
-
-
-def _select(variables: list[_Named], names: tuple[str, ...], src: str) -> list[_Named]:
-    known = {v.name: v for v in variables}
-    missing = [n for n in names if n not in known]
-    if missing:
-        raise CheckpointError(f"{src} has no variable {missing}; it holds: {sorted(known)}")
-    return [known[n] for n in names]
-
-
 def check_target(
     variables: list[SourceVariable], to: str, values_only: bool
 ) -> list[SourceVariable]:
@@ -342,20 +285,8 @@ def check_target(
             dataclasses.replace(v, columns={"value": v.columns["value"]}) for v in variables
         ]
     for var in variables:
-        _check_columns(var.name, var.key_dtype, var.columns, to)
+        check_columns(var.name, var.key_dtype, var.columns, to)
     return variables
-
-
-def _check_columns(name: str, key_dtype: str, columns: dict[str, ColumnSpec], to: str) -> None:
-    """A ``FormatError`` if format ``to`` cannot hold the keys or columns of variable ``name``."""
-    extras = sorted(c for c in columns if c != "value")
-    if to in ("binary", "tfra") and (key_dtype == "string" or extras):
-        raise FormatError(
-            f"variable {name!r} cannot be written as {to}: it stores integer keys "
-            f"and values only, the variable has key_dtype={key_dtype!r} and extra "
-            f"columns {extras}; use --to parquet or arrow, or drop the extra columns "
-            "with --values-only"
-        )
 
 
 def convert(
@@ -421,7 +352,7 @@ def _flatten(
     backend, name = open_location(src, storage_options)
     _, variables = chain_source(backend, name)
     if tfra_options.names:
-        variables = _select(variables, tfra_options.names, src)
+        variables = select(variables, tfra_options.names, src)
     total = sum(v.groups for v in variables)
     progress = progress_factory(total, "flatten (groups)") if progress_factory else NO_PROGRESS
     with progress:
