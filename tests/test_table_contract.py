@@ -7,10 +7,15 @@ import pytest
 import tensorflow as tf
 
 from de_store.tables import HashTable, MutableTable
+from de_store.testing.tables import with_unordered_scatters
 
 CORES = {
     "hash": lambda **kw: HashTable(tf.int64, tf.float32, 3, name="emb/user", **kw),
     "mutable": lambda **kw: MutableTable(tf.int64, tf.float32, 3, name="emb/user", **kw),
+    # the kernels of a table on a GPU (unordered scatters), run here on the CPU
+    "hash_unordered": lambda **kw: with_unordered_scatters(
+        HashTable(tf.int64, tf.float32, 3, name="emb/user", **kw)
+    ),
 }
 
 

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from de_store.tables import HashTable, MutableTable
+from de_store.testing.tables import with_unordered_scatters
 
 DIM = 2
 KEYS = st.lists(st.integers(0, 40), min_size=0, max_size=24)  # small range: many duplicates
@@ -85,6 +86,9 @@ def _run(table, ops) -> None:
 TABLES = {
     "hash_int64_f32": lambda: HashTable(tf.int64, tf.float32, DIM, name="prop"),
     "hash_int32_i64": lambda: HashTable(tf.int32, tf.int64, DIM, name="prop", max_load_factor=0.9),
+    "hash_int64_f32_unordered": lambda: with_unordered_scatters(
+        HashTable(tf.int64, tf.float32, DIM, name="prop")
+    ),
     "mutable_string_f32": lambda: MutableTable(tf.string, tf.float32, DIM, name="prop"),
 }
 

@@ -67,6 +67,11 @@ class Config:
     init_capacity: int
     track_changes: bool = True
     init_rows: int = 16  # of the row store
+    #: ``scatter_update`` applies its updates one at a time in batch order, as TensorFlow's
+    #: CPU kernel does (a memmove loop): the last writer of a slot wins, whole. A GPU
+    #: scatter keeps an arbitrary writer and may mix the columns of two, so tables there
+    #: confirm races (and pick the last of repeated keys) with extra rounds.
+    serial_scatter: bool = False
 
 
 class State(NamedTuple):
@@ -291,20 +296,29 @@ class TableOps(TrackingOps):
         """Race for empty slots with ``(key, token)`` entries; return which keys won theirs.
 
         Any one writer of a contested slot may win, and a GPU scatter may even mix the
-        columns of two writers, so the winner (by token) writes its entry once more.
+        columns of two writers, so there the winner (by token) writes its entry once more.
         """
         t = self.t
         tokens = idx + TOKEN_BASE
-        at = tf.where(empty)[:, 0]
-        t.index.scatter_update(tf.IndexedSlices(_entries(keys, tokens, at), tf.gather(pos, at)))
-        won = tf.logical_and(empty, tf.equal(tf.gather(t.index, pos)[:, 1], tokens))
-        at = tf.where(won)[:, 0]
-        written = t.index.scatter_update(
-            tf.IndexedSlices(_entries(keys, tokens, at), tf.gather(pos, at))
-        )
+        written = self._write_entries(keys, tokens, pos, empty)
+        with tf.control_dependencies(written):
+            won = tf.logical_and(empty, tf.equal(tf.gather(t.index, pos)[:, 1], tokens))
+        if not t.serial_scatter:
+            written = self._write_entries(keys, tokens, pos, won)
         # The next probe round must see the written keys: make its inputs wait for them.
-        with tf.control_dependencies([written.op] if hasattr(written, "op") else []):
+        with tf.control_dependencies(written):
             return tf.identity(won)
+
+    def _write_entries(
+        self, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Tensor, where: tf.Tensor
+    ) -> list[tf.Operation]:
+        """Scatter the entries ``(key, row)`` marked by ``where`` into their slots; return
+        the write (for control dependencies; none when eager)."""
+        at = tf.where(where)[:, 0]
+        written = self.t.index.scatter_update(
+            tf.IndexedSlices(_entries(keys, rows, at), tf.gather(slots, at))
+        )
+        return [written.op] if hasattr(written, "op") else []
 
     def last_occurrence(self, keys: tf.Tensor, slots: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """Mark, among keys resolved to the same slot, the last one in the batch.
@@ -355,16 +369,15 @@ class TableOps(TrackingOps):
         def body(
             ks: tf.Tensor, rs: tf.Tensor, pos: tf.Tensor, repeated: tf.Tensor
         ) -> tuple[tf.Tensor, ...]:
-            at = tf.where(tf.equal(tf.gather(t.index, pos)[:, 1], EMPTY))[:, 0]
-            t.index.scatter_update(tf.IndexedSlices(_entries(ks, rs, at), tf.gather(pos, at)))
-            won = tf.equal(tf.gather(t.index, pos)[:, 1], rs)
-            at = tf.where(won)[:, 0]
-            written = t.index.scatter_update(
-                tf.IndexedSlices(_entries(ks, rs, at), tf.gather(pos, at))
-            )
+            empty = tf.equal(tf.gather(t.index, pos)[:, 1], EMPTY)
+            written = self._write_entries(ks, rs, pos, empty)
+            with tf.control_dependencies(written):
+                won = tf.equal(tf.gather(t.index, pos)[:, 1], rs)
+            if not t.serial_scatter:  # the winner writes its whole entry once more
+                written = self._write_entries(ks, rs, pos, won)
             lost = tf.where(tf.logical_not(won))[:, 0]
-            with tf.control_dependencies([written.op] if hasattr(written, "op") else []):
-                held = tf.gather(t.index, tf.gather(pos, lost))  # after the rewrite
+            with tf.control_dependencies(written):
+                held = tf.gather(t.index, tf.gather(pos, lost))  # after the writes
             own = tf.logical_and(held[:, 1] >= 0, tf.equal(held[:, 0], tf.gather(ks, lost)))
             keep = tf.gather(lost, tf.where(tf.logical_not(own))[:, 0])
             pos = tf.bitwise.bitwise_and(tf.gather(pos, keep) + 1, mask)
@@ -547,9 +560,14 @@ class TableOps(TrackingOps):
         return tf.cast(last, tf.bool)
 
     def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
-        """Upsert; the last of duplicated keys wins."""
+        """Upsert; the last of duplicated keys wins (with a serial scatter, by writing the
+        rows in batch order)."""
         t = self.t
-        rows, _, last = self._resolve(keys, pick_last=True)
+        rows, _, last = self._resolve(keys, pick_last=not t.serial_scatter)
+        if last is None:
+            t.values.scatter_update(tf.IndexedSlices(values, rows))
+            self.stamp(rows)
+            return
 
         def write_last() -> tf.Tensor:
             at = tf.where(last)[:, 0]

@@ -141,6 +141,7 @@ class HashTable(TableCore):
                 self.init_capacity,
                 self.track_changes,
                 rows,
+                serial_scatter=tf.DeviceSpec.from_string(self._device).device_type == "CPU",
             )
         )
 

@@ -1,0 +1,16 @@
+"""Table helpers for tests."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from de_store.tables import HashTable, _probe
+
+
+def with_unordered_scatters(table: HashTable) -> HashTable:
+    """Make ``table`` run the kernels of a table on a GPU, where a scatter keeps an
+    arbitrary writer: its claim races are confirmed and the last of repeated keys picked
+    with extra rounds. Those kernels run on a CPU as well, so tests there cover them."""
+    config = dataclasses.replace(table._kernels.config, serial_scatter=False)
+    table._kernels = _probe.kernels_for(config)
+    return table
