@@ -22,7 +22,12 @@ then finds it). For ``insert``, when no key repeats a new key of the batch (the 
 case) every claimer is its own last occurrence; otherwise the last occurrence of a
 duplicated new key is a segment max over the keys that found its claim. Present keys (and
 ``remove``) race with tokens once more, re-run for later writers until the last one holds
-the slot. ``accum`` sums duplicates with ``scatter_add``. A rehash places the (distinct)
+the slot. ``accum`` sums duplicates with ``scatter_add``. Those confirmations are for a
+GPU, whose scatter keeps an arbitrary writer and may mix the columns of two. TensorFlow's
+CPU ``scatter_update`` writes its updates one by one in batch order, so on a CPU the last
+claimer wins whole, and ``insert`` writes every row in batch order, the last of repeated
+keys last: CPU tables skip the confirming rewrites and the search for last occurrences
+(``Config.serial_scatter``; about 15% of an insert). A rehash places the (distinct)
 keys with their row ids directly, and so does ``load_distinct``, the bulk load a restore
 uses (a checkpoint holds each key once); a key found in its own way there (present, or
 repeated) makes it clear the table and raise ``RepeatedKeysError``.

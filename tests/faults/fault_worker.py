@@ -6,8 +6,9 @@ CONFIG keys: ``store`` ("local" or "s3"), ``root`` (path or bucket/prefix), ``op
 (s3fs storage options), ``first`` (checkpoint saved without faults first, or null),
 ``name`` (checkpoint saved under the plan), ``kill_at`` ([kind, k] or null), ``fail``
 (kind -> share), ``seed``, ``format``, ``proc_size``, ``rank``, ``job_id``,
-``barrier_timeout_s``, ``hang`` (never arrive), ``trace_out`` (JSON file of the calls),
-``version`` (of the content saved under ``name``, default 2).
+``barrier_timeout_s`` (of the save under the plan), ``hang`` (never arrive),
+``trace_out`` (JSON file of the calls), ``version`` (of the content saved under
+``name``, default 2).
 
 TensorFlow is not imported: the rows are numpy arrays handed to ``save_checkpoint``
 (int64 keys need no TF), which keeps each process start well under a second.
@@ -15,6 +16,7 @@ TensorFlow is not imported: the rows are numpy arrays handed to ``save_checkpoin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -93,8 +95,11 @@ def main(config: dict) -> None:
     )
     job_id = config.get("job_id")
     if config.get("first"):
+        # The short barrier timeout is for the save under the plan: processes start a
+        # second or more apart on a loaded machine, and the first save must not time out.
+        first_options = dataclasses.replace(options, barrier_timeout_s=60.0)
         save_checkpoint([variable_rows(1, size, rank)], backend, config["first"], topology,
-                        options, job_id=job_id)  # fmt: skip
+                        first_options, job_id=job_id)  # fmt: skip
     if config.get("hang"):
         time.sleep(3600)
     plan.active = True
