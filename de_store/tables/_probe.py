@@ -519,7 +519,11 @@ class TableOps(TrackingOps):
 
         rows = tf.cond(
             distinct,
-            lambda: tf.tensor_scatter_nd_update(rows_found, at[:, None], fresh_rows),
+            lambda: tf.cond(  # every key new (a batch of new ids): the fresh rows in order
+                tf.equal(num_fresh, n),
+                lambda: fresh_rows,
+                lambda: tf.tensor_scatter_nd_update(rows_found, at[:, None], fresh_rows),
+            ),
             lambda: tf.where(
                 claimed, tf.gather(tf.concat([fresh_rows, [EMPTY]], 0), numbered()), rows_found
             ),
