@@ -216,19 +216,24 @@ class TableOps(TrackingOps):
 
         return tf.cond(_count(left) > 0, rest, lambda: rows)
 
-    def find_or_claim(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """``probe`` claiming empty slots."""
-        return self.probe(keys, True)
+    def find_or_claim(self, keys: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``probe`` claiming empty slots, key ``i`` with the token ``tokens + i``."""
+        return self.probe(keys, True, tokens=tokens)
 
     # -- probing -----------------------------------------------------------------------
     def probe(
-        self, keys: tf.Tensor, claim: bool, start: tf.Tensor | None = None
+        self,
+        keys: tf.Tensor,
+        claim: bool,
+        start: tf.Tensor | None = None,
+        tokens: tf.Tensor | int = TOKEN_BASE,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """Return ``(slots, rows)`` for each key.
 
         ``slots[i]`` is the slot holding ``keys[i]``; a missing key gets ``-1``, or, when
         ``claim``, an empty slot it (or a duplicate of it) claimed with a token. ``rows[i]`` is
-        the slot's row id as seen when the key was found (a token for a fresh claim).
+        the slot's row id as seen when the key was found (for a fresh claim, the token:
+        ``tokens + i`` for key ``i``, above every row held).
         Each round works on the keys still unresolved only. Probing starts at each key's
         home slot, or at ``start`` (slots already probed are skipped).
         """
@@ -247,7 +252,7 @@ class TableOps(TrackingOps):
             hit = tf.logical_and(rows >= 0, tf.equal(entry[:, 0], ks))
             empty = tf.equal(rows, EMPTY)
             if claim:
-                done = tf.logical_or(hit, self._claim(idx, ks, pos, empty))
+                done = tf.logical_or(hit, self._claim(idx + tokens, ks, pos, empty))
                 # A loser of a race stays: the winner may be a duplicate of it.
                 next_pos = tf.where(empty, pos, tf.bitwise.bitwise_and(pos + 1, mask))
             else:
@@ -257,8 +262,8 @@ class TableOps(TrackingOps):
             found = found.write(step, tf.gather(idx, done_at))
             hit, rows = tf.gather(hit, done_at), tf.gather(rows, done_at)
             if claim:  # the slot, and the row found or the claim token
-                tokens = tf.gather(idx, done_at) + TOKEN_BASE
-                at = [tf.gather(pos, done_at), tf.where(hit, rows, tokens)]
+                mine = tf.gather(idx, done_at) + tokens
+                at = [tf.gather(pos, done_at), tf.where(hit, rows, mine)]
             else:  # the slot and row found, or (-1, EMPTY)
                 at = [tf.where(hit, tf.gather(pos, done_at), -1), tf.where(hit, rows, EMPTY)]
             found_at = found_at.write(step, tf.stack(at, axis=1))
@@ -291,7 +296,7 @@ class TableOps(TrackingOps):
         return result[:, 0], result[:, 1]
 
     def _claim(
-        self, idx: tf.Tensor, keys: tf.Tensor, pos: tf.Tensor, empty: tf.Tensor
+        self, tokens: tf.Tensor, keys: tf.Tensor, pos: tf.Tensor, empty: tf.Tensor
     ) -> tf.Tensor:
         """Race for empty slots with ``(key, token)`` entries; return which keys won theirs.
 
@@ -299,7 +304,6 @@ class TableOps(TrackingOps):
         columns of two writers, so there the winner (by token) writes its entry once more.
         """
         t = self.t
-        tokens = idx + TOKEN_BASE
         written = self._write_entries(keys, tokens, pos, empty)
         with tf.control_dependencies(written):
             won = tf.logical_and(empty, tf.equal(tf.gather(t.index, pos)[:, 1], tokens))
@@ -493,16 +497,25 @@ class TableOps(TrackingOps):
         t = self.t
         n = _count(keys)
         self.reserve(n)
-        slots, rows = self.find_or_claim(keys)
-        fresh = tf.equal(rows, tf.range(n) + TOKEN_BASE)
+        # Key ``i`` claims with the token ``base + i``, the row it gets when every key of the
+        # batch is new and no freed row waits: the claims then wrote the final entries.
+        # (Rows held now are below ``base``.)
+        base = t.next_row.read_value()
+        slots, rows = self.find_or_claim(keys, base)
+        fresh = tf.equal(rows, tf.range(n) + base)
         num_fresh = tf.reduce_sum(tf.cast(fresh, tf.int64))
+        final = tf.logical_and(tf.equal(num_fresh, n), tf.equal(t.num_free, 0))
         fresh_rows = self.allocate_rows(num_fresh)
         t.num_keys.assign_add(num_fresh)
         at = tf.where(fresh)[:, 0]
-        t.index.scatter_update(
-            tf.IndexedSlices(tf.stack([tf.gather(keys, at), fresh_rows], 1), tf.gather(slots, at))
-        )
-        claimed = rows >= TOKEN_BASE
+
+        def enter_rows() -> tf.Tensor:
+            entries = tf.stack([tf.gather(keys, at), fresh_rows], 1)
+            t.index.scatter_update(tf.IndexedSlices(entries, tf.gather(slots, at)))
+            return tf.constant(True)
+
+        tf.cond(final, lambda: tf.constant(False), enter_rows)
+        claimed = rows >= base
         # Usually every claim is its claimer's own (no key repeats a new key of the batch):
         # the fresh rows go straight to the claimers' positions.
         distinct = tf.reduce_all(tf.equal(claimed, fresh))
@@ -515,7 +528,7 @@ class TableOps(TrackingOps):
                 [tf.range(n + 1, dtype=tf.int32), tf.cast(at, tf.int32)],
                 [tf.zeros(tf.reshape(n + 1, [1]), tf.int64), tf.range(num_fresh)],
             )
-            return tf.gather(rank, tf.where(claimed, rows_found - TOKEN_BASE, n))
+            return tf.gather(rank, tf.where(claimed, rows_found - base, n))
 
         rows = tf.cond(
             distinct,

@@ -18,9 +18,12 @@ Batches are processed in parallel: every key probes at once, in rounds of a
 ``tf.while_loop`` that carry only the keys still unresolved. Keys that reach the same empty
 slot in the same round race for it with a ``scatter_update`` of ``(key, token)``; the one
 read back wins and the losers look at the slot again next round (a duplicate of the winner
-then finds it). For ``insert``, when no key repeats a new key of the batch (the common
-case) every claimer is its own last occurrence; otherwise the last occurrence of a
-duplicated new key is a segment max over the keys that found its claim. Present keys (and
+then finds it). The token of the batch's key ``i`` is the row it gets when every key is
+new and no freed row waits (``next_row + i``): the claims then wrote the final entries;
+otherwise the new keys' entries are written again with the rows allocated. For
+``insert``, when no key repeats a new key of the batch (the common case) every claimer is
+its own last occurrence; otherwise the last occurrence of a duplicated new key is a
+segment max over the keys that found its claim. Present keys (and
 ``remove``) race with tokens once more, re-run for later writers until the last one holds
 the slot. ``accum`` sums duplicates with ``scatter_add``. Those confirmations are for a
 GPU, whose scatter keeps an arbitrary writer and may mix the columns of two. TensorFlow's
