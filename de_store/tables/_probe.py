@@ -22,7 +22,8 @@ from de_store.tables._tracking import count as _count
 
 EMPTY = -1
 DELETED = -2
-# Claim tokens sit above every real row id, so a token is always the max of a slot.
+# Tokens of the last-occurrence race sit above every real row id. (The claims of an insert
+# use ``next_row + i``, also above every row held.)
 TOKEN_BASE = 1 << 40
 MIN_CAPACITY = 16
 
@@ -204,7 +205,7 @@ class TableOps(TrackingOps):
 
     def _find_rows_compiled(self, keys: tf.Tensor) -> tf.Tensor:
         """:func:`first_probes` on the batch padded to its size class, then the probe loop
-        from where they stopped, for the few keys still unresolved."""
+        from where they stopped, for the keys still unresolved."""
         n = _count(keys)
         padded = tf.concat([keys, tf.zeros(tf.reshape(size_class(n) - n, [1]), tf.int64)], 0)
         rows, next_pos = (x[:n] for x in first_probes(self.t.index.handle, padded))
@@ -504,7 +505,8 @@ class TableOps(TrackingOps):
         slots, rows = self.find_or_claim(keys, base)
         fresh = tf.equal(rows, tf.range(n) + base)
         num_fresh = tf.reduce_sum(tf.cast(fresh, tf.int64))
-        final = tf.logical_and(tf.equal(num_fresh, n), tf.equal(t.num_free, 0))
+        all_new = tf.equal(num_fresh, n)
+        final = tf.logical_and(all_new, tf.equal(t.num_free, 0))
         fresh_rows = self.allocate_rows(num_fresh)
         t.num_keys.assign_add(num_fresh)
         at = tf.where(fresh)[:, 0]
@@ -533,7 +535,7 @@ class TableOps(TrackingOps):
         rows = tf.cond(
             distinct,
             lambda: tf.cond(  # every key new (a batch of new ids): the fresh rows in order
-                tf.equal(num_fresh, n),
+                all_new,
                 lambda: fresh_rows,
                 lambda: tf.tensor_scatter_nd_update(rows_found, at[:, None], fresh_rows),
             ),

@@ -35,10 +35,11 @@ keys with their row ids directly, and so does ``load_distinct``, the bulk load a
 uses (a checkpoint holds each key once); a key found in its own way there (present, or
 repeated) makes it clear the table and raise ``RepeatedKeysError``.
 
-Lookups (and the finds of ``accum(insert_missing=False)`` and ``remove``) of 16,384 keys
-or more first run two probe rounds over every key as one XLA computation (``jit_compile``:
-its fused gathers are several times faster than the loop's, which compacts the unresolved
-keys every round); the loop then goes on from there for the few keys left. XLA compiles
+Lookups (and the finds of ``accum(insert_missing=False)`` and ``export_changes``) of
+16,384 keys or more first run two probe rounds over every key as one XLA computation
+(``jit_compile``: its fused gathers are several times faster than the loop's, which
+compacts the unresolved keys every round); the loop then goes on from there for the keys
+left (a few in a thousand of the keys inserted first, a third of those inserted last). XLA compiles
 once per index capacity and batch size class (4 to 8 classes per power of two).
 
 The kernels are ``tf.function`` s shared by every table of one configuration (dtype, dim,
