@@ -167,9 +167,11 @@ def test_reserve_grows_once_for_a_bulk_load():
     assert values.numpy().tolist() == [[7, -7], [4999, -4999], [0, 0]]
 
 
-def test_big_batches_agree_with_a_dict():
+@pytest.mark.parametrize("scatters", ["serial", "unordered"])
+def test_big_batches_agree_with_a_dict(scatters):
     """Batches of many thousand keys (long probe chains, many claim races, growth)."""
     table = HashTable(tf.int64, tf.float32, 2, name="big_batches")
+    table = with_unordered_scatters(table) if scatters == "unordered" else table
     rng = np.random.default_rng(7)
     n = 70_000
     keys = rng.integers(-(1 << 40), 1 << 40, n, dtype=np.int64)
@@ -207,7 +209,7 @@ def test_keys_past_the_compiled_probe_rounds_are_found_by_the_loop():
     present, missing = keys[:30_000], keys[30_000:]
     table.insert(present, present[:, None].astype(np.float64))
     batch = np.concatenate([present, missing, present[:5000]])  # repeats too
-    _, next_pos = _probe.first_probes(table._state.index.handle, batch.astype(np.int64))
+    _, _, next_pos = _probe.first_probes(table._state.index.handle, batch.astype(np.int64))
     assert (next_pos.numpy()[:30_000] >= 0).sum() > 100  # present keys reach the loop
 
     lookup = tf.function(lambda k: table.lookup(k), autograph=False)
@@ -225,6 +227,34 @@ def test_keys_past_the_compiled_probe_rounds_are_found_by_the_loop():
     values, exists = table.lookup(present)
     assert exists.numpy().tolist() == [i % 2 == 1 for i in range(30_000)]
     assert int(table.size()) == 15_000
+
+
+@pytest.mark.parametrize("scatters", ["serial", "unordered"])
+def test_big_batch_claims_left_to_the_loop_agree_with_a_dict(scatters):
+    """A big insert claims the empty slots its compiled probe rounds stopped at in one
+    race; keys past those rounds (a 0.9 load factor) and the race's losers (repeats, keys
+    of one home slot) go on in the loop. Present, new and repeated keys mixed."""
+    from de_store.tables import _probe
+
+    table = HashTable(tf.int64, tf.int64, 1, name="claims", max_load_factor=0.9)
+    table = with_unordered_scatters(table) if scatters == "unordered" else table
+    rng = np.random.default_rng(11)
+    keys = rng.choice(1 << 50, 50_000, replace=False).astype(np.int64)
+    table.insert(keys[:40_000], keys[:40_000, None])  # load 0.61
+    model = dict(zip(keys[:40_000].tolist(), keys[:40_000].tolist(), strict=True))
+    batch = np.concatenate([keys[35_000:], keys[42_000:44_000], keys[49_000:]])
+    assert len(batch) >= _probe.COMPILED_MIN_KEYS
+    batch = rng.permutation(batch)  # present keys, new keys, new keys repeated
+    _, stop, next_pos = _probe.first_probes(table._state.index.handle, batch)
+    assert (next_pos.numpy() >= 0).sum() > 2000  # keys left to the loop
+    assert (stop.numpy() >= 0).sum() > 6000  # keys that stopped at a hit or a claim
+    values = np.arange(len(batch), dtype=np.int64)[:, None]
+    table.insert(batch, values)
+    model.update(zip(batch.tolist(), values[:, 0].tolist(), strict=False))  # last wins
+    assert table.capacity() == 65_536  # no rehash: the claims met the first probes' index
+    content = dict(zip(*(x.numpy().tolist() for x in table.export_all()), strict=True))
+    assert {key: value[0] for key, value in content.items()} == model
+    assert int(table.size()) == len(model) == 50_000
 
 
 def test_load_distinct_gives_what_insert_gives(table):

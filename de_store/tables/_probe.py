@@ -204,11 +204,9 @@ class TableOps(TrackingOps):
         )
 
     def _find_rows_compiled(self, keys: tf.Tensor) -> tf.Tensor:
-        """:func:`first_probes` on the batch padded to its size class, then the probe loop
-        from where they stopped, for the keys still unresolved."""
-        n = _count(keys)
-        padded = tf.concat([keys, tf.zeros(tf.reshape(size_class(n) - n, [1]), tf.int64)], 0)
-        rows, next_pos = (x[:n] for x in first_probes(self.t.index.handle, padded))
+        """:func:`first_probes`, then the probe loop from where they stopped, for the keys
+        still unresolved."""
+        rows, _, next_pos = self._first_probes(keys)
         left = tf.where(next_pos >= 0)[:, 0]
 
         def rest() -> tf.Tensor:
@@ -217,9 +215,49 @@ class TableOps(TrackingOps):
 
         return tf.cond(_count(left) > 0, rest, lambda: rows)
 
-    def find_or_claim(self, keys: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """``probe`` claiming empty slots, key ``i`` with the token ``tokens + i``."""
-        return self.probe(keys, True, tokens=tokens)
+    def _first_probes(self, keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        """:func:`first_probes` on the batch padded to its size class (few XLA shapes)."""
+        n = _count(keys)
+        padded = tf.concat([keys, tf.zeros(tf.reshape(size_class(n) - n, [1]), tf.int64)], 0)
+        return tuple(x[:n] for x in first_probes(self.t.index.handle, padded))
+
+    def find_or_claim(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``probe`` claiming empty slots, key ``i`` with the token ``base + i``; big
+        batches start with :func:`first_probes`."""
+        return tf.cond(
+            _count(keys) >= COMPILED_MIN_KEYS,
+            lambda: self._claim_compiled(keys, base),
+            lambda: self.probe(keys, True, tokens=base),
+        )
+
+    def _claim_compiled(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Claim the empty slots that :func:`first_probes` stopped at, all in one race;
+        the keys it left, and the losers of the race, go on in the probe loop (a loser
+        looks at its slot again: the winner may be a duplicate of it)."""
+        found, stop, next_pos = self._first_probes(keys)
+        hit = found >= 0
+        at = tf.where(tf.logical_and(stop >= 0, tf.logical_not(hit)))[:, 0]
+        at_slots = tf.gather(stop, at)
+        won = self._claim(at + base, tf.gather(keys, at), at_slots, None)
+        lost = tf.where(tf.logical_not(won))[:, 0]
+        unresolved = tf.where(next_pos >= 0)[:, 0]
+        left = tf.concat([unresolved, tf.gather(at, lost)], 0)
+        start = tf.concat([tf.gather(next_pos, unresolved), tf.gather(at_slots, lost)], 0)
+        got = tf.cond(  # (slot, row) of each key left
+            _count(left) > 0,
+            lambda: tf.stack(self.probe(tf.gather(keys, left), True, start, left + base), 1),
+            lambda: tf.zeros([0, 2], tf.int64),
+        )
+        won_at = tf.where(won)[:, 0]
+        result = tf.dynamic_stitch(
+            [tf.cast(x, tf.int32) for x in (tf.range(_count(keys)), tf.gather(at, won_at), left)],
+            [
+                tf.stack([tf.where(hit, stop, -1), found], 1),  # found rows, or EMPTY
+                tf.stack([tf.gather(at_slots, won_at), tf.gather(at, won_at) + base], 1),
+                got,
+            ],
+        )
+        return result[:, 0], result[:, 1]
 
     # -- probing -----------------------------------------------------------------------
     def probe(
@@ -240,6 +278,11 @@ class TableOps(TrackingOps):
         """
         t = self.t
         mask = variable_length(t.index) - 1
+        per_key = isinstance(tokens, tf.Tensor) and tokens.shape.rank == 1
+
+        def token(i: tf.Tensor) -> tf.Tensor:
+            return tf.gather(tokens, i) if per_key else i + tokens
+
         found = tf.TensorArray(
             tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=[None]
         )
@@ -253,7 +296,7 @@ class TableOps(TrackingOps):
             hit = tf.logical_and(rows >= 0, tf.equal(entry[:, 0], ks))
             empty = tf.equal(rows, EMPTY)
             if claim:
-                done = tf.logical_or(hit, self._claim(idx + tokens, ks, pos, empty))
+                done = tf.logical_or(hit, self._claim(token(idx), ks, pos, empty))
                 # A loser of a race stays: the winner may be a duplicate of it.
                 next_pos = tf.where(empty, pos, tf.bitwise.bitwise_and(pos + 1, mask))
             else:
@@ -263,7 +306,7 @@ class TableOps(TrackingOps):
             found = found.write(step, tf.gather(idx, done_at))
             hit, rows = tf.gather(hit, done_at), tf.gather(rows, done_at)
             if claim:  # the slot, and the row found or the claim token
-                mine = tf.gather(idx, done_at) + tokens
+                mine = token(tf.gather(idx, done_at))
                 at = [tf.gather(pos, done_at), tf.where(hit, rows, mine)]
             else:  # the slot and row found, or (-1, EMPTY)
                 at = [tf.where(hit, tf.gather(pos, done_at), -1), tf.where(hit, rows, EMPTY)]
@@ -297,7 +340,7 @@ class TableOps(TrackingOps):
         return result[:, 0], result[:, 1]
 
     def _claim(
-        self, tokens: tf.Tensor, keys: tf.Tensor, pos: tf.Tensor, empty: tf.Tensor
+        self, tokens: tf.Tensor, keys: tf.Tensor, pos: tf.Tensor, empty: tf.Tensor | None
     ) -> tf.Tensor:
         """Race for empty slots with ``(key, token)`` entries; return which keys won theirs.
 
@@ -307,7 +350,8 @@ class TableOps(TrackingOps):
         t = self.t
         written = self._write_entries(keys, tokens, pos, empty)
         with tf.control_dependencies(written):
-            won = tf.logical_and(empty, tf.equal(tf.gather(t.index, pos)[:, 1], tokens))
+            won = tf.equal(tf.gather(t.index, pos)[:, 1], tokens)
+            won = won if empty is None else tf.logical_and(empty, won)
         if not t.serial_scatter:
             written = self._write_entries(keys, tokens, pos, won)
         # The next probe round must see the written keys: make its inputs wait for them.
@@ -315,14 +359,16 @@ class TableOps(TrackingOps):
             return tf.identity(won)
 
     def _write_entries(
-        self, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Tensor, where: tf.Tensor
+        self, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Tensor, where: tf.Tensor | None
     ) -> list[tf.Operation]:
         """Scatter the entries ``(key, row)`` marked by ``where`` into their slots; return
         the write (for control dependencies; none when eager)."""
-        at = tf.where(where)[:, 0]
-        written = self.t.index.scatter_update(
-            tf.IndexedSlices(_entries(keys, rows, at), tf.gather(slots, at))
-        )
+        if where is None:
+            entries = tf.stack([keys, rows], 1)
+        else:
+            at = tf.where(where)[:, 0]
+            entries, slots = _entries(keys, rows, at), tf.gather(slots, at)
+        written = self.t.index.scatter_update(tf.IndexedSlices(entries, slots))
         return [written.op] if hasattr(written, "op") else []
 
     def last_occurrence(self, keys: tf.Tensor, slots: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
@@ -716,9 +762,11 @@ def size_class(n: tf.Tensor) -> tf.Tensor:
 def first_probes(index_handle: tf.Tensor, keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
     """:data:`COMPILED_ROUNDS` probe rounds over every key at once, as one XLA computation.
 
-    Returns ``(rows, next_pos)``: the row of each key found (``EMPTY`` for a key found
-    missing or not resolved yet) and the slot where the probe of an unresolved key goes
-    on (``-1`` once resolved). XLA's fused gathers and selects
+    Returns ``(rows, stop, next_pos)``: the row of each key found (``EMPTY`` for a key
+    found missing or not resolved yet); the slot where a resolved key stopped, at its own
+    key or at an empty slot (the one an insert claims), ``-1`` if unresolved; and the slot
+    where the probe of an unresolved key goes on (``-1`` once resolved). Lookups and
+    inserts share these compiled rounds. XLA's fused gathers and selects
     run these rounds several times faster than the graph loop, which compacts the
     unresolved keys every round. How many keys two rounds leave depends on when they
     came: at a final load of 0.6 (10M keys inserted in batches of 1M), 0.2% of the first
@@ -726,21 +774,22 @@ def first_probes(index_handle: tf.Tensor, keys: tf.Tensor) -> tuple[tf.Tensor, .
     present keys; missing keys, which probe to the end of their cluster, about 40%).
     Every round costs about 10 ms per 1M keys; more rounds cost the early keys more than
     they save the late ones, measured up to six (also with the rounds' reads fused into
-    one pass). XLA compiles once per index capacity and batch size class.
+    one pass); for inserts, three rounds did as well as two, four and six worse. XLA
+    compiles once per index capacity and batch size class.
     """
     index = _handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
     mask = variable_length(index) - 1
     pos = tf.bitwise.bitwise_and(hash_keys(keys), mask)
     rows = tf.fill(tf.shape(keys), tf.constant(EMPTY, tf.int64))
-    done = tf.zeros(tf.shape(keys), tf.bool)
+    stop = tf.fill(tf.shape(keys), tf.constant(-1, tf.int64))
     for _ in range(COMPILED_ROUNDS):
         entry = tf.gather(index, pos)
         hit = tf.logical_and(entry[:, 1] >= 0, tf.equal(entry[:, 0], keys))
-        hit = tf.logical_and(hit, tf.logical_not(done))
-        rows = tf.where(hit, entry[:, 1], rows)
-        done = tf.logical_or(done, tf.logical_or(hit, tf.equal(entry[:, 1], EMPTY)))
+        now = tf.logical_and(stop < 0, tf.logical_or(hit, tf.equal(entry[:, 1], EMPTY)))
+        rows = tf.where(tf.logical_and(now, hit), entry[:, 1], rows)
+        stop = tf.where(now, pos, stop)
         pos = tf.bitwise.bitwise_and(pos + 1, mask)
-    return rows, tf.where(done, tf.constant(-1, tf.int64), pos)
+    return rows, stop, tf.where(stop >= 0, tf.constant(-1, tf.int64), pos)
 
 
 def empty_index(capacity: tf.Tensor) -> tf.Tensor:
