@@ -270,8 +270,10 @@ def test_load_distinct_gives_what_insert_gives(table):
     assert int(table.size()) == 4
 
 
-def test_load_distinct_bulk_loads_big_batches_with_growth():
+@pytest.mark.parametrize("scatters", ["serial", "unordered"])
+def test_load_distinct_bulk_loads_big_batches_with_growth(scatters):
     table = HashTable(tf.int64, tf.float32, 2, name="bulk_load")
+    table = with_unordered_scatters(table) if scatters == "unordered" else table
     rng = np.random.default_rng(11)
     keys = rng.permutation(np.arange(-150_000, 150_000, 3, dtype=np.int64))
     rows = np.stack([keys, -keys], axis=1).astype(np.float32)
@@ -285,8 +287,14 @@ def test_load_distinct_bulk_loads_big_batches_with_growth():
 
 @pytest.mark.parametrize(
     "keys",
-    [[4, 8, 15, 8], [16, 23, 42, 42, 42], [7]],  # repeated in the batch; present already
-    ids=["repeat", "repeats", "present"],
+    [
+        [4, 8, 15, 8],  # repeated in the batch
+        [16, 23, 42, 42, 42],
+        [7],  # present already
+        # a batch that starts with the compiled probe rounds: 500 repeats, 1 present
+        list(range(1000, 21_000)) + list(range(5000, 5500)) + [7],
+    ],
+    ids=["repeat", "repeats", "present", "big"],
 )
 def test_load_distinct_refuses_repeated_or_present_keys_and_clears(keys):
     from de_store.errors import RepeatedKeysError

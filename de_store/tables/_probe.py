@@ -94,6 +94,23 @@ class State(NamedTuple):
     num_removed: tf.Variable
 
 
+class _Race(NamedTuple):
+    """One race for the empty slots where :func:`first_probes` stopped.
+
+    ``found``, ``stop``: as :func:`first_probes` returns them; ``at``: the positions of the
+    keys that raced, ``slots`` their slots, ``won`` which of them won; ``left``: the
+    positions of the keys to probe on (unresolved, or lost), ``start`` where.
+    """
+
+    found: tf.Tensor
+    stop: tf.Tensor
+    at: tf.Tensor
+    slots: tf.Tensor
+    won: tf.Tensor
+    left: tf.Tensor
+    start: tf.Tensor
+
+
 class _View:
     """One table as the kernels see it: its config fields and its variables."""
 
@@ -231,33 +248,39 @@ class TableOps(TrackingOps):
         )
 
     def _claim_compiled(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Claim the empty slots that :func:`first_probes` stopped at, all in one race;
-        the keys it left, and the losers of the race, go on in the probe loop (a loser
-        looks at its slot again: the winner may be a duplicate of it)."""
-        found, stop, next_pos = self._first_probes(keys)
-        hit = found >= 0
-        at = tf.where(tf.logical_and(stop >= 0, tf.logical_not(hit)))[:, 0]
-        at_slots = tf.gather(stop, at)
-        won = self._claim(at + base, tf.gather(keys, at), at_slots, None)
-        lost = tf.where(tf.logical_not(won))[:, 0]
-        unresolved = tf.where(next_pos >= 0)[:, 0]
-        left = tf.concat([unresolved, tf.gather(at, lost)], 0)
-        start = tf.concat([tf.gather(next_pos, unresolved), tf.gather(at_slots, lost)], 0)
+        """:meth:`_first_race` with the tokens ``base + i``, then the probe loop for the
+        keys left (a loser looks at its slot again: the winner may be a duplicate of it)."""
+        race = self._first_race(keys, lambda at: at + base)
+        left = race.left
         got = tf.cond(  # (slot, row) of each key left
             _count(left) > 0,
-            lambda: tf.stack(self.probe(tf.gather(keys, left), True, start, left + base), 1),
+            lambda: tf.stack(self.probe(tf.gather(keys, left), True, race.start, left + base), 1),
             lambda: tf.zeros([0, 2], tf.int64),
         )
-        won_at = tf.where(won)[:, 0]
+        won_at = tf.where(race.won)[:, 0]
+        winners = tf.gather(race.at, won_at)
         result = tf.dynamic_stitch(
-            [tf.cast(x, tf.int32) for x in (tf.range(_count(keys)), tf.gather(at, won_at), left)],
+            [tf.cast(x, tf.int32) for x in (tf.range(_count(keys)), winners, left)],
             [
-                tf.stack([tf.where(hit, stop, -1), found], 1),  # found rows, or EMPTY
-                tf.stack([tf.gather(at_slots, won_at), tf.gather(at, won_at) + base], 1),
+                tf.stack([tf.where(race.found >= 0, race.stop, -1), race.found], 1),
+                tf.stack([tf.gather(race.slots, won_at), winners + base], 1),
                 got,
             ],
         )
         return result[:, 0], result[:, 1]
+
+    def _first_race(self, keys: tf.Tensor, tokens: Any) -> _Race:
+        """:func:`first_probes`, then one race of the keys that stopped at an empty slot
+        for it; ``tokens(at)`` gives the tokens of the keys at positions ``at``."""
+        found, stop, next_pos = self._first_probes(keys)
+        at = tf.where(tf.logical_and(stop >= 0, found < 0))[:, 0]
+        slots = tf.gather(stop, at)
+        won = self._claim(tokens(at), tf.gather(keys, at), slots, None)
+        lost = tf.where(tf.logical_not(won))[:, 0]
+        unresolved = tf.where(next_pos >= 0)[:, 0]
+        left = tf.concat([unresolved, tf.gather(at, lost)], 0)
+        start = tf.concat([tf.gather(next_pos, unresolved), tf.gather(slots, lost)], 0)
+        return _Race(found, stop, at, slots, won, left, start)
 
     # -- probing -----------------------------------------------------------------------
     def probe(
@@ -411,9 +434,34 @@ class TableOps(TrackingOps):
         """Write ``keys`` absent from the index, distinct, with their distinct ``rows``.
 
         Keys race for empty slots with their row ids; every loser moves on. Returns how many
-        keys broke the precondition (the slot they lost, or passed, holds their own key:
-        they were present already, or repeated in ``keys``); those are not placed.
+        keys broke the precondition (present already, or repeated in ``keys``: the slot
+        they lost, or passed, holds their own key); those are not placed. Big batches start
+        with :func:`first_probes`, like big inserts (a rehash does not: in its empty index
+        every key stops at its first slot, which the loop's first round reads as well).
         """
+        return tf.cond(
+            _count(keys) >= COMPILED_MIN_KEYS,
+            lambda: self._place_compiled(keys, rows),
+            lambda: self._place_loop(keys, rows, self._home(keys)),
+        )
+
+    def _home(self, keys: tf.Tensor) -> tf.Tensor:
+        """The slot where the probe of each key starts."""
+        return tf.bitwise.bitwise_and(hash_keys(keys), variable_length(self.t.index) - 1)
+
+    def _place_compiled(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+        """:meth:`_first_race` with the rows as tokens, then the loop for the keys left."""
+        race = self._first_race(keys, lambda at: tf.gather(rows, at))
+        left = race.left
+        present = tf.reduce_sum(tf.cast(race.found >= 0, tf.int64))
+        return present + tf.cond(
+            _count(left) > 0,
+            lambda: self._place_loop(tf.gather(keys, left), tf.gather(rows, left), race.start),
+            lambda: tf.constant(0, tf.int64),
+        )
+
+    def _place_loop(self, keys: tf.Tensor, rows: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
+        """The probe loop of :meth:`place`, from the slots ``start``."""
         t = self.t
         mask = variable_length(t.index) - 1
 
@@ -438,12 +486,7 @@ class TableOps(TrackingOps):
         loop = tf.while_loop(
             lambda ks, *_: _count(ks) > 0,
             body,
-            (
-                keys,
-                rows,
-                tf.bitwise.bitwise_and(hash_keys(keys), mask),
-                tf.constant(0, tf.int64),
-            ),
+            (keys, rows, start, tf.constant(0, tf.int64)),
             shape_invariants=(*(tf.TensorShape([None]),) * 3, tf.TensorShape([])),
         )
         return loop[3]
@@ -479,7 +522,7 @@ class TableOps(TrackingOps):
         live = self.live_entries()
         t.index.assign(empty_index(capacity))
         t.num_deleted.assign(0)
-        self.place(live[:, 0], live[:, 1])
+        self._place_loop(live[:, 0], live[:, 1], self._home(live[:, 0]))
 
     def allocate_rows(self, count: tf.Tensor) -> tf.Tensor:
         """Take ``count`` row ids: freed rows first, then fresh ones (growing the store)."""
