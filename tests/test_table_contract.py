@@ -201,7 +201,7 @@ def test_big_batches_agree_with_a_dict(scatters):
 def test_keys_past_the_compiled_probe_rounds_are_found_by_the_loop():
     """Big batches start with XLA-compiled probe rounds; the keys they leave unresolved
     (long chains at a 0.9 load factor, missing keys) go on in the graph loop."""
-    from de_store.tables import _probe
+    from de_store.tables import _index
 
     table = HashTable(tf.int32, tf.float64, 1, name="dense_load", max_load_factor=0.9)
     rng = np.random.default_rng(3)
@@ -209,7 +209,7 @@ def test_keys_past_the_compiled_probe_rounds_are_found_by_the_loop():
     present, missing = keys[:30_000], keys[30_000:]
     table.insert(present, present[:, None].astype(np.float64))
     batch = np.concatenate([present, missing, present[:5000]])  # repeats too
-    _, _, next_pos = _probe.first_probes(table._state.index.handle, batch.astype(np.int64))
+    _, _, next_pos = _index.first_probes(table._state.index.handle, batch.astype(np.int64))
     assert (next_pos.numpy()[:30_000] >= 0).sum() > 100  # present keys reach the loop
 
     lookup = tf.function(lambda k: table.lookup(k), autograph=False)
@@ -234,7 +234,7 @@ def test_big_batch_claims_left_to_the_loop_agree_with_a_dict(scatters):
     """A big insert claims the empty slots its compiled probe rounds stopped at in one
     race; keys past those rounds (a 0.9 load factor) and the race's losers (repeats, keys
     of one home slot) go on in the loop. Present, new and repeated keys mixed."""
-    from de_store.tables import _probe
+    from de_store.tables import _index
 
     table = HashTable(tf.int64, tf.int64, 1, name="claims", max_load_factor=0.9)
     table = with_unordered_scatters(table) if scatters == "unordered" else table
@@ -243,9 +243,9 @@ def test_big_batch_claims_left_to_the_loop_agree_with_a_dict(scatters):
     table.insert(keys[:40_000], keys[:40_000, None])  # load 0.61
     model = dict(zip(keys[:40_000].tolist(), keys[:40_000].tolist(), strict=True))
     batch = np.concatenate([keys[35_000:], keys[42_000:44_000], keys[49_000:]])
-    assert len(batch) >= _probe.COMPILED_MIN_KEYS
+    assert len(batch) >= _index.COMPILED_MIN_KEYS
     batch = rng.permutation(batch)  # present keys, new keys, new keys repeated
-    _, stop, next_pos = _probe.first_probes(table._state.index.handle, batch)
+    _, stop, next_pos = _index.first_probes(table._state.index.handle, batch)
     assert (next_pos.numpy() >= 0).sum() > 2000  # keys left to the loop
     assert (stop.numpy() >= 0).sum() > 6000  # keys that stopped at a hit or a claim
     values = np.arange(len(batch), dtype=np.int64)[:, None]

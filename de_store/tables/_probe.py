@@ -1,97 +1,38 @@
-"""The graph kernels of :class:`~de_store.tables.hash_table.HashTable`.
+"""The graph operations of :class:`~de_store.tables.hash_table.HashTable`.
 
 Every function here builds TensorFlow ops only (no Python control flow on tensor values),
 so it traces inside ``tf.function`` and runs on whatever device the table lives on.
-:class:`Kernels` holds the compiled functions of one :class:`Config`, shared by its tables;
-:class:`TableOps` builds the ops of one operation over one table's variables.
+:class:`TableOps` builds the ops of one operation over one table's variables; the shared
+``tf.function`` s that call it are in :mod:`._kernels`, the index layout and the compiled
+first probe rounds in :mod:`._index`, the growth of the index and the row store in
+:mod:`._capacity`, change tracking in :mod:`._tracking`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import tensorflow as tf
-from tensorflow.python.framework import cpp_shape_inference_pb2
-from tensorflow.python.ops import resource_variable_ops
 
-from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, push, variable_length
+from de_store.tables._capacity import CapacityOps
+from de_store.tables._index import (
+    COMPILED_MIN_KEYS,
+    DELETED,
+    EMPTY,
+    empty_index,
+    first_probes,
+    hash_keys,
+    size_class,
+)
+from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, variable_length
 from de_store.tables._tracking import count as _count
 
-EMPTY = -1
-DELETED = -2
+if TYPE_CHECKING:
+    from de_store.tables._kernels import Kernels, View
+
 # Tokens of the last-occurrence race sit above every real row id. (The claims of an insert
 # use ``next_row + i``, also above every row held.)
 TOKEN_BASE = 1 << 40
-MIN_CAPACITY = 16
-
-_MIX1 = tf.constant(-49064778989728563, tf.int64)  # 0xff51afd7ed558ccd as int64
-_MIX2 = tf.constant(-4265267296055464877, tf.int64)  # 0xc4ceb9fe1a85ec53 as int64
-_LOW31 = tf.constant(0x7FFFFFFF, tf.int64)
-
-
-#: Probe rounds that :func:`first_probes` runs over every key of a batch.
-COMPILED_ROUNDS = 2
-#: Smaller batches probe in the graph loop only: no XLA compilation for their sizes.
-COMPILED_MIN_KEYS = 1 << 14
-
-
-def capacity_for(count: int, max_load_factor: float) -> int:
-    """Smallest power-of-two capacity holding ``count`` keys under ``max_load_factor``."""
-    capacity = MIN_CAPACITY
-    while capacity * max_load_factor < count:
-        capacity *= 2
-    return capacity
-
-
-def hash_keys(keys: tf.Tensor) -> tf.Tensor:
-    """A 64-bit finalizer (murmur3 fmix64) on int64 keys; shifts masked to be logical."""
-    x = tf.bitwise.bitwise_xor(
-        keys, tf.bitwise.bitwise_and(tf.bitwise.right_shift(keys, 33), _LOW31)
-    )
-    x = x * _MIX1
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, 33), _LOW31))
-    x = x * _MIX2
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, 33), _LOW31))
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """What a table's kernels depend on besides its variables (tables alike share kernels)."""
-
-    dim: int
-    dtype: tf.DType  # of the stored value rows
-    max_load_factor: float
-    row_growth: float
-    init_capacity: int
-    track_changes: bool = True
-    init_rows: int = 16  # of the row store
-    #: ``scatter_update`` applies its updates one at a time in batch order, as TensorFlow's
-    #: CPU kernel does (a memmove loop): the last writer of a slot wins, whole. A GPU
-    #: scatter keeps an arbitrary writer and may mix the columns of two, so tables there
-    #: confirm races (and pick the last of repeated keys) with extra rounds.
-    serial_scatter: bool = False
-
-
-class State(NamedTuple):
-    """A table's variables, passed to the shared kernels as arguments."""
-
-    index: tf.Variable
-    values: tf.Variable
-    free_rows: tf.Variable
-    num_keys: tf.Variable
-    num_deleted: tf.Variable
-    num_free: tf.Variable
-    next_row: tf.Variable
-    # change tracking: the epoch of each row's last write, the current epoch, and the log
-    # of removed keys with the epoch of their removal
-    stamps: tf.Variable
-    epoch: tf.Variable
-    removed: tf.Variable
-    removed_at: tf.Variable
-    num_removed: tf.Variable
 
 
 class _Race(NamedTuple):
@@ -111,99 +52,10 @@ class _Race(NamedTuple):
     start: tf.Tensor
 
 
-class _View:
-    """One table as the kernels see it: its config fields and its variables."""
-
-    def __init__(self, config: Config, state: State) -> None:
-        self.__dict__.update(dataclasses.asdict(config))
-        self.__dict__.update(state._asdict())
-        self.state = state
-
-    def __getattr__(self, name: str) -> tf.Variable:  # for mypy: attributes set above
-        raise AttributeError(name)
-
-
-class Kernels:
-    """The ``tf.function`` s of every table of one :class:`Config`, variables passed in.
-
-    A function is traced once per config, not once per table: tests and models create many
-    small tables of a few configs. Kernels do not call each other as functions: a nested
-    ``tf.function`` given variables would bind the first caller's variables.
-    """
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
-        names += ["clear", "prepare", "export_all", "export_changes", "forget_removed"]
-        for name in names:
-            setattr(self, name, self._function(name))
-
-    def run(self, name: str, state: State, *args: tf.Tensor) -> Any:
-        """Run kernel ``name``: the shared function when eager, inlined inside a trace.
-
-        Inside a caller's ``tf.function`` the ops go into the caller's graph: a shared
-        function called there with variables could bind the variables of that trace.
-        """
-        if tf.executing_eagerly():
-            return getattr(self, name)(tuple(v.handle for v in state), *args)
-        return getattr(TableOps(_View(self.config, state), self), name)(*args)
-
-    def _function(self, name: str) -> tf.types.experimental.PolymorphicFunction:
-        # The variables come in as resource handles (plain tensor inputs, so one trace
-        # serves every table); a function given variables would capture the first ones.
-        def kernel(handles: tuple[tf.Tensor, ...], *args: tf.Tensor) -> object:
-            state = State(*map(_handle_variable, handles, self._variable_specs()))
-            return getattr(TableOps(_View(self.config, state), self), name)(*args)
-
-        kernel.__name__ = name
-        keys = tf.TensorSpec([None], tf.int64)
-        rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
-        count = tf.TensorSpec([], tf.int64)
-        args = {
-            "lookup": [keys],
-            "remove": [keys],
-            "clear": [],
-            "export_all": [],
-            "prepare": [count],
-            "export_changes": [count],
-            "forget_removed": [count],
-        }
-        handles = tuple(tf.TensorSpec([], tf.resource) for _ in State._fields)
-        signature = [handles, *args.get(name, [keys, rows])]
-        return tf.function(kernel, autograph=False, input_signature=signature)
-
-    def _variable_specs(self) -> list[tf.TensorSpec]:
-        rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
-        counter = tf.TensorSpec([], tf.int64)
-        ids = tf.TensorSpec([None], tf.int64)
-        stamps = tf.TensorSpec([None], STAMP_DTYPE)
-        index = tf.TensorSpec([None, 2], tf.int64)
-        return [index, rows, ids, *[counter] * 4, stamps, counter, ids, ids, counter]
-
-
-def _handle_variable(handle: tf.Tensor, spec: tf.TensorSpec) -> tf.Variable:
-    """A variable object over a resource handle given to a traced function.
-
-    The handle's shape data is set first, so that ops reading it infer their shapes.
-    """
-    data = cpp_shape_inference_pb2.CppShapeInferenceResult.HandleData(is_set=True)
-    data.shape_and_type.add(shape=spec.shape.as_proto(), dtype=spec.dtype.as_datatype_enum)
-    resource_variable_ops._set_handle_shapes_and_types(handle, data, graph_mode=True)
-    return resource_variable_ops.BaseResourceVariable(
-        handle=handle, dtype=spec.dtype, shape=spec.shape, trainable=False, in_graph_mode=False
-    )
-
-
-@functools.cache
-def kernels_for(config: Config) -> Kernels:
-    """The shared kernels of ``config``."""
-    return Kernels(config)
-
-
-class TableOps(TrackingOps):
+class TableOps(CapacityOps, TrackingOps):
     """Graph operations over one table's variables (built while tracing a kernel)."""
 
-    def __init__(self, table: _View, kernels: Kernels) -> None:
+    def __init__(self, table: View, kernels: Kernels) -> None:
         self.t = table
         self.kernels = kernels
 
@@ -442,12 +294,13 @@ class TableOps(TrackingOps):
         return tf.cond(
             _count(keys) >= COMPILED_MIN_KEYS,
             lambda: self._place_compiled(keys, rows),
-            lambda: self._place_loop(keys, rows, self._home(keys)),
+            lambda: self.place_from_home(keys, rows),
         )
 
-    def _home(self, keys: tf.Tensor) -> tf.Tensor:
-        """The slot where the probe of each key starts."""
-        return tf.bitwise.bitwise_and(hash_keys(keys), variable_length(self.t.index) - 1)
+    def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+        """:meth:`place` in the probe loop only, from each key's home slot."""
+        home = tf.bitwise.bitwise_and(hash_keys(keys), variable_length(self.t.index) - 1)
+        return self._place_loop(keys, rows, home)
 
     def _place_compiled(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """:meth:`_first_race` with the rows as tokens, then the loop for the keys left."""
@@ -490,77 +343,6 @@ class TableOps(TrackingOps):
             shape_invariants=(*(tf.TensorShape([None]),) * 3, tf.TensorShape([])),
         )
         return loop[3]
-
-    # -- capacity ----------------------------------------------------------------------
-    def prepare(self, count: tf.Tensor) -> None:
-        """Grow the index and the row store once for ``count`` more keys (a bulk load)."""
-        self.reserve(count)
-        self._ensure_rows(self.t.next_row + tf.maximum(count - self.t.num_free, 0), False)
-
-    def reserve(self, incoming: tf.Tensor) -> None:
-        """Rehash into a bigger index first when ``incoming`` new keys could overflow it."""
-        t = self.t
-        capacity = variable_length(t.index)
-        used = t.num_keys + t.num_deleted + incoming
-        limit = tf.cast(tf.cast(capacity, tf.float64) * t.max_load_factor, tf.int64)
-
-        def grow() -> tf.Tensor:
-            target = t.num_keys + incoming
-            new_capacity = tf.while_loop(
-                lambda c: tf.cast(c, tf.float64) * t.max_load_factor < tf.cast(target, tf.float64),
-                lambda c: c * 2,
-                [capacity],
-            )[0]
-            self.rehash(new_capacity)
-            return tf.constant(True)
-
-        tf.cond(used > limit, grow, lambda: tf.constant(False))
-
-    def rehash(self, capacity: tf.Tensor) -> None:
-        """Rebuild the index at ``capacity``, dropping tombstones; rows do not move."""
-        t = self.t
-        live = self.live_entries()
-        t.index.assign(empty_index(capacity))
-        t.num_deleted.assign(0)
-        self._place_loop(live[:, 0], live[:, 1], self._home(live[:, 0]))
-
-    def allocate_rows(self, count: tf.Tensor) -> tf.Tensor:
-        """Take ``count`` row ids: freed rows first, then fresh ones (growing the store)."""
-        t = self.t
-        reused = tf.minimum(count, t.num_free)
-        top = t.num_free.read_value()
-        from_free = tf.gather(t.free_rows, tf.range(top - reused, top))
-        fresh_start = t.next_row.read_value()
-        fresh = tf.range(fresh_start, fresh_start + count - reused)
-        self._ensure_rows(fresh_start + count - reused)
-        t.num_free.assign_sub(reused)
-        t.next_row.assign_add(count - reused)
-        return tf.concat([from_free, fresh], axis=0)
-
-    def _ensure_rows(self, needed: tf.Tensor, headroom: bool = True) -> None:
-        t = self.t
-
-        def grow() -> tf.Tensor:
-            have = variable_length(t.values)
-            # ``row_growth`` times what is held, or, when ``headroom``, times what is needed
-            # if more: a batch bigger than the headroom then does not make the next one grow.
-            base = tf.cast(tf.maximum(needed, have) if headroom else have, tf.float64)
-            bigger = tf.cast(tf.math.ceil(base * t.row_growth), tf.int64)
-            # One gather builds the bigger store (a read plus a concat would allocate and
-            # copy it twice more). Rows past the old end repeat its last row: a row is
-            # written (or zeroed, by accum) whenever it is handed out.
-            source = tf.minimum(tf.range(tf.maximum(needed, bigger)), have - 1)
-            t.values.assign(tf.gather(t.values, source))
-            if t.track_changes:  # a row's stamp is written whenever the row is
-                t.stamps.assign(tf.gather(t.stamps, source))
-            return tf.constant(True)
-
-        have = variable_length(t.values)
-        tf.cond(needed > have, grow, lambda: tf.constant(False))
-
-    def free(self, rows: tf.Tensor) -> None:
-        """Push row ids on the free list (growing it when full)."""
-        push(self.t.num_free, [(self.t.free_rows, rows)])
 
     # -- operations --------------------------------------------------------------------
     def lookup(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -780,64 +562,6 @@ class TableOps(TrackingOps):
         t = self.t
         live = self.live_entries()
         return live[:, 0], tf.gather(t.values, live[:, 1])
-
-    def live_entries(self) -> tf.Tensor:
-        """The ``(key, row)`` entries of every occupied slot, ``[n, 2]``, in one read."""
-        entries = self.t.index.read_value()
-        return tf.gather(entries, tf.where(entries[:, 1] >= 0)[:, 0])
-
-
-def size_class(n: tf.Tensor) -> tf.Tensor:
-    """``n > 0`` rounded up to a multiple of ``2 ** (floor(log2 n) - 2)``: at most 25% more,
-    and only 4 to 8 sizes per power of two, so XLA compiles few shapes."""
-    exponent = tf.math.floor(tf.math.log(tf.cast(n, tf.float64)) / math.log(2.0))
-    step = tf.bitwise.left_shift(
-        tf.constant(1, tf.int64), tf.maximum(tf.cast(exponent, tf.int64) - 2, 0)
-    )
-    return (n + step - 1) // step * step
-
-
-@tf.function(
-    jit_compile=True,
-    autograph=False,
-    input_signature=[tf.TensorSpec([], tf.resource), tf.TensorSpec([None], tf.int64)],
-)
-def first_probes(index_handle: tf.Tensor, keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
-    """:data:`COMPILED_ROUNDS` probe rounds over every key at once, as one XLA computation.
-
-    Returns ``(rows, stop, next_pos)``: the row of each key found (``EMPTY`` for a key
-    found missing or not resolved yet); the slot where a resolved key stopped, at its own
-    key or at an empty slot (the one an insert claims), ``-1`` if unresolved; and the slot
-    where the probe of an unresolved key goes on (``-1`` once resolved). Lookups and
-    inserts share these compiled rounds. XLA's fused gathers and selects
-    run these rounds several times faster than the graph loop, which compacts the
-    unresolved keys every round. How many keys two rounds leave depends on when they
-    came: at a final load of 0.6 (10M keys inserted in batches of 1M), 0.2% of the first
-    batch's keys but 37% of the last's, which sit at the ends of clusters (14.5% of all
-    present keys; missing keys, which probe to the end of their cluster, about 40%).
-    Every round costs about 10 ms per 1M keys; more rounds cost the early keys more than
-    they save the late ones, measured up to six (also with the rounds' reads fused into
-    one pass); for inserts, three rounds did as well as two, four and six worse. XLA
-    compiles once per index capacity and batch size class.
-    """
-    index = _handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
-    mask = variable_length(index) - 1
-    pos = tf.bitwise.bitwise_and(hash_keys(keys), mask)
-    rows = tf.fill(tf.shape(keys), tf.constant(EMPTY, tf.int64))
-    stop = tf.fill(tf.shape(keys), tf.constant(-1, tf.int64))
-    for _ in range(COMPILED_ROUNDS):
-        entry = tf.gather(index, pos)
-        hit = tf.logical_and(entry[:, 1] >= 0, tf.equal(entry[:, 0], keys))
-        now = tf.logical_and(stop < 0, tf.logical_or(hit, tf.equal(entry[:, 1], EMPTY)))
-        rows = tf.where(tf.logical_and(now, hit), entry[:, 1], rows)
-        stop = tf.where(now, pos, stop)
-        pos = tf.bitwise.bitwise_and(pos + 1, mask)
-    return rows, stop, tf.where(stop >= 0, tf.constant(-1, tf.int64), pos)
-
-
-def empty_index(capacity: tf.Tensor) -> tf.Tensor:
-    """An index of ``capacity`` empty slots (every column ``EMPTY``)."""
-    return tf.fill(tf.stack([capacity, tf.constant(2, tf.int64)]), tf.constant(EMPTY, tf.int64))
 
 
 def _entries(keys: tf.Tensor, rows: tf.Tensor, at: tf.Tensor) -> tf.Tensor:

@@ -58,12 +58,12 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
-from de_store.tables import _checks, _probe
+from de_store.tables import _checks, _index, _kernels, _tracking
 from de_store.tables.base import TableCore
 
 _KEY_DTYPES = (tf.int64, tf.int32)
-EMPTY = _probe.EMPTY
-DELETED = _probe.DELETED
+EMPTY = _index.EMPTY
+DELETED = _index.DELETED
 
 
 class HashTable(TableCore):
@@ -120,11 +120,11 @@ class HashTable(TableCore):
         self.max_load_factor, self.row_growth = float(max_load_factor), float(row_growth)
         # int32 has no GPU kernels for resource gathers/scatters: hold it as int64.
         self._stored_dtype = tf.int64 if value_dtype == tf.int32 else value_dtype
-        self.init_capacity = _probe.capacity_for(max(init_size, 1), self.max_load_factor)
+        self.init_capacity = _index.capacity_for(max(init_size, 1), self.max_load_factor)
         rows = max(init_size, 16)
         with tf.name_scope(self.name):
             self.index = _variable(
-                "index", _probe.empty_index(tf.constant(self.init_capacity, tf.int64))
+                "index", _index.empty_index(tf.constant(self.init_capacity, tf.int64))
             )
             self.values = _variable("values", tf.zeros([rows, dim], self._stored_dtype))
             self.free_rows = _variable("free_rows", tf.zeros([16], tf.int64))
@@ -136,7 +136,7 @@ class HashTable(TableCore):
             self.next_row = tf.Variable(tf.constant(0, tf.int64), name="next_row", trainable=False)
             self.track_changes = bool(track_changes)
             stamp_rows = rows if self.track_changes else 16
-            self.stamps = _variable("stamps", tf.zeros([stamp_rows], _probe.STAMP_DTYPE))
+            self.stamps = _variable("stamps", tf.zeros([stamp_rows], _tracking.STAMP_DTYPE))
             self.epoch = tf.Variable(tf.constant(1, tf.int64), name="epoch", trainable=False)
             self.removed = _variable("removed", tf.zeros([16], tf.int64))
             self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64))
@@ -144,8 +144,8 @@ class HashTable(TableCore):
                 tf.constant(0, tf.int64), name="num_removed", trainable=False
             )
         self._device = self.index.device
-        self._kernels = _probe.kernels_for(
-            _probe.Config(
+        self._kernels = _kernels.kernels_for(
+            _kernels.Config(
                 dim,
                 self._stored_dtype,
                 self.max_load_factor,
@@ -278,7 +278,7 @@ class HashTable(TableCore):
     # -- introspection -----------------------------------------------------------------
     def capacity(self) -> int:
         """Number of index slots (a power of two)."""
-        return int(_probe.variable_length(self.index))
+        return int(_tracking.variable_length(self.index))
 
     def memory_bytes(self) -> int:
         """Bytes held by the table's variables."""
@@ -293,9 +293,9 @@ class HashTable(TableCore):
 
     # -- helpers -----------------------------------------------------------------------
     @property
-    def _state(self) -> _probe.State:
+    def _state(self) -> _kernels.State:
         """The variables, as the shared kernels take them (a property: not tracked twice)."""
-        return _probe.State(
+        return _kernels.State(
             self.index,
             self.values,
             self.free_rows,

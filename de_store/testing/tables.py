@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from de_store.tables import HashTable, _probe
+from de_store.tables import HashTable, _kernels
 
 
 def with_unordered_scatters(table: HashTable) -> HashTable:
@@ -12,5 +12,5 @@ def with_unordered_scatters(table: HashTable) -> HashTable:
     arbitrary writer: its claim races are confirmed and the last of repeated keys picked
     with extra rounds. Those kernels run on a CPU as well, so tests there cover them."""
     config = dataclasses.replace(table._kernels.config, serial_scatter=False)
-    table._kernels = _probe.kernels_for(config)
+    table._kernels = _kernels.kernels_for(config)
     return table

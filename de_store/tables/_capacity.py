@@ -1,0 +1,97 @@
+"""The capacity operations of :class:`~de_store.tables._probe.TableOps`: growing the
+index (a rehash) and the row store, and handing out and freeing row ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from de_store.tables._index import empty_index
+from de_store.tables._tracking import push, variable_length
+
+
+class CapacityOps:
+    """Mixed into ``TableOps``: ``self.t`` is the table; ``TableOps`` places keys."""
+
+    t: Any
+
+    def live_entries(self) -> tf.Tensor:
+        """The ``(key, row)`` entries of every occupied slot, ``[n, 2]``, in one read."""
+        entries = self.t.index.read_value()
+        return tf.gather(entries, tf.where(entries[:, 1] >= 0)[:, 0])
+
+    def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+        """Place distinct absent ``keys`` with their ``rows``, probing from their home
+        slots; ``TableOps`` places."""
+        raise NotImplementedError
+
+    def prepare(self, count: tf.Tensor) -> None:
+        """Grow the index and the row store once for ``count`` more keys (a bulk load)."""
+        self.reserve(count)
+        self._ensure_rows(self.t.next_row + tf.maximum(count - self.t.num_free, 0), False)
+
+    def reserve(self, incoming: tf.Tensor) -> None:
+        """Rehash into a bigger index first when ``incoming`` new keys could overflow it."""
+        t = self.t
+        capacity = variable_length(t.index)
+        used = t.num_keys + t.num_deleted + incoming
+        limit = tf.cast(tf.cast(capacity, tf.float64) * t.max_load_factor, tf.int64)
+
+        def grow() -> tf.Tensor:
+            target = t.num_keys + incoming
+            new_capacity = tf.while_loop(
+                lambda c: tf.cast(c, tf.float64) * t.max_load_factor < tf.cast(target, tf.float64),
+                lambda c: c * 2,
+                [capacity],
+            )[0]
+            self.rehash(new_capacity)
+            return tf.constant(True)
+
+        tf.cond(used > limit, grow, lambda: tf.constant(False))
+
+    def rehash(self, capacity: tf.Tensor) -> None:
+        """Rebuild the index at ``capacity``, dropping tombstones; rows do not move."""
+        t = self.t
+        live = self.live_entries()
+        t.index.assign(empty_index(capacity))
+        t.num_deleted.assign(0)
+        self.place_from_home(live[:, 0], live[:, 1])
+
+    def allocate_rows(self, count: tf.Tensor) -> tf.Tensor:
+        """Take ``count`` row ids: freed rows first, then fresh ones (growing the store)."""
+        t = self.t
+        reused = tf.minimum(count, t.num_free)
+        top = t.num_free.read_value()
+        from_free = tf.gather(t.free_rows, tf.range(top - reused, top))
+        fresh_start = t.next_row.read_value()
+        fresh = tf.range(fresh_start, fresh_start + count - reused)
+        self._ensure_rows(fresh_start + count - reused)
+        t.num_free.assign_sub(reused)
+        t.next_row.assign_add(count - reused)
+        return tf.concat([from_free, fresh], axis=0)
+
+    def _ensure_rows(self, needed: tf.Tensor, headroom: bool = True) -> None:
+        t = self.t
+
+        def grow() -> tf.Tensor:
+            have = variable_length(t.values)
+            # ``row_growth`` times what is held, or, when ``headroom``, times what is needed
+            # if more: a batch bigger than the headroom then does not make the next one grow.
+            base = tf.cast(tf.maximum(needed, have) if headroom else have, tf.float64)
+            bigger = tf.cast(tf.math.ceil(base * t.row_growth), tf.int64)
+            # One gather builds the bigger store (a read plus a concat would allocate and
+            # copy it twice more). Rows past the old end repeat its last row: a row is
+            # written (or zeroed, by accum) whenever it is handed out.
+            source = tf.minimum(tf.range(tf.maximum(needed, bigger)), have - 1)
+            t.values.assign(tf.gather(t.values, source))
+            if t.track_changes:  # a row's stamp is written whenever the row is
+                t.stamps.assign(tf.gather(t.stamps, source))
+            return tf.constant(True)
+
+        have = variable_length(t.values)
+        tf.cond(needed > have, grow, lambda: tf.constant(False))
+
+    def free(self, rows: tf.Tensor) -> None:
+        """Push row ids on the free list (growing it when full)."""
+        push(self.t.num_free, [(self.t.free_rows, rows)])

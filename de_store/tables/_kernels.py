@@ -1,0 +1,131 @@
+"""The shared ``tf.function`` s of :class:`~de_store.tables.hash_table.HashTable`.
+
+:class:`Kernels` holds the compiled functions of one :class:`Config`, shared by its tables;
+each builds the ops of one operation with :class:`~de_store.tables._probe.TableOps` over
+the variables it is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from de_store.tables._index import handle_variable
+from de_store.tables._probe import TableOps
+from de_store.tables._tracking import STAMP_DTYPE
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What a table's kernels depend on besides its variables (tables alike share kernels)."""
+
+    dim: int
+    dtype: tf.DType  # of the stored value rows
+    max_load_factor: float
+    row_growth: float
+    init_capacity: int
+    track_changes: bool = True
+    init_rows: int = 16  # of the row store
+    #: ``scatter_update`` applies its updates one at a time in batch order, as TensorFlow's
+    #: CPU kernel does (a memmove loop): the last writer of a slot wins, whole. A GPU
+    #: scatter keeps an arbitrary writer and may mix the columns of two, so tables there
+    #: confirm races (and pick the last of repeated keys) with extra rounds.
+    serial_scatter: bool = False
+
+
+class State(NamedTuple):
+    """A table's variables, passed to the shared kernels as arguments."""
+
+    index: tf.Variable
+    values: tf.Variable
+    free_rows: tf.Variable
+    num_keys: tf.Variable
+    num_deleted: tf.Variable
+    num_free: tf.Variable
+    next_row: tf.Variable
+    # change tracking: the epoch of each row's last write, the current epoch, and the log
+    # of removed keys with the epoch of their removal
+    stamps: tf.Variable
+    epoch: tf.Variable
+    removed: tf.Variable
+    removed_at: tf.Variable
+    num_removed: tf.Variable
+
+
+class View:
+    """One table as the kernels see it: its config fields and its variables."""
+
+    def __init__(self, config: Config, state: State) -> None:
+        self.__dict__.update(dataclasses.asdict(config))
+        self.__dict__.update(state._asdict())
+        self.state = state
+
+    def __getattr__(self, name: str) -> tf.Variable:  # for mypy: attributes set above
+        raise AttributeError(name)
+
+
+class Kernels:
+    """The ``tf.function`` s of every table of one :class:`Config`, variables passed in.
+
+    A function is traced once per config, not once per table: tests and models create many
+    small tables of a few configs. Kernels do not call each other as functions: a nested
+    ``tf.function`` given variables would bind the first caller's variables.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
+        names += ["clear", "prepare", "export_all", "export_changes", "forget_removed"]
+        for name in names:
+            setattr(self, name, self._function(name))
+
+    def run(self, name: str, state: State, *args: tf.Tensor) -> Any:
+        """Run kernel ``name``: the shared function when eager, inlined inside a trace.
+
+        Inside a caller's ``tf.function`` the ops go into the caller's graph: a shared
+        function called there with variables could bind the variables of that trace.
+        """
+        if tf.executing_eagerly():
+            return getattr(self, name)(tuple(v.handle for v in state), *args)
+        return getattr(TableOps(View(self.config, state), self), name)(*args)
+
+    def _function(self, name: str) -> tf.types.experimental.PolymorphicFunction:
+        # The variables come in as resource handles (plain tensor inputs, so one trace
+        # serves every table); a function given variables would capture the first ones.
+        def kernel(handles: tuple[tf.Tensor, ...], *args: tf.Tensor) -> object:
+            state = State(*map(handle_variable, handles, self._variable_specs()))
+            return getattr(TableOps(View(self.config, state), self), name)(*args)
+
+        kernel.__name__ = name
+        keys = tf.TensorSpec([None], tf.int64)
+        rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
+        count = tf.TensorSpec([], tf.int64)
+        args = {
+            "lookup": [keys],
+            "remove": [keys],
+            "clear": [],
+            "export_all": [],
+            "prepare": [count],
+            "export_changes": [count],
+            "forget_removed": [count],
+        }
+        handles = tuple(tf.TensorSpec([], tf.resource) for _ in State._fields)
+        signature = [handles, *args.get(name, [keys, rows])]
+        return tf.function(kernel, autograph=False, input_signature=signature)
+
+    def _variable_specs(self) -> list[tf.TensorSpec]:
+        rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
+        counter = tf.TensorSpec([], tf.int64)
+        ids = tf.TensorSpec([None], tf.int64)
+        stamps = tf.TensorSpec([None], STAMP_DTYPE)
+        index = tf.TensorSpec([None, 2], tf.int64)
+        return [index, rows, ids, *[counter] * 4, stamps, counter, ids, ids, counter]
+
+
+@functools.cache
+def kernels_for(config: Config) -> Kernels:
+    """The shared kernels of ``config``."""
+    return Kernels(config)
