@@ -22,6 +22,7 @@ from de_store.tables._index import (
     empty_index,
     first_probes,
     hash_keys,
+    probe_step,
     size_class,
 )
 from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, variable_length
@@ -173,7 +174,7 @@ class TableOps(CapacityOps, TrackingOps):
             if claim:
                 done = tf.logical_or(hit, self._claim(token(idx), ks, pos, empty))
                 # A loser of a race stays: the winner may be a duplicate of it.
-                next_pos = tf.where(empty, pos, tf.bitwise.bitwise_and(pos + 1, mask))
+                next_pos = tf.where(empty, pos, tf.bitwise.bitwise_and(pos + probe_step(ks), mask))
             else:
                 done = tf.logical_or(hit, empty)
                 next_pos = pos  # moved below, for the kept keys only
@@ -189,7 +190,7 @@ class TableOps(CapacityOps, TrackingOps):
             keep = tf.where(tf.logical_not(done))[:, 0]
             kept = [tf.gather(x, keep) for x in (idx, ks, next_pos)]
             if not claim:
-                kept[2] = tf.bitwise.bitwise_and(kept[2] + 1, mask)
+                kept[2] = tf.bitwise.bitwise_and(kept[2] + probe_step(kept[1]), mask)
             return (step + 1, *kept, found, found_at)
 
         loop = tf.while_loop(
@@ -332,9 +333,10 @@ class TableOps(CapacityOps, TrackingOps):
                 held = tf.gather(t.index, tf.gather(pos, lost))  # after the writes
             own = tf.logical_and(held[:, 1] >= 0, tf.equal(held[:, 0], tf.gather(ks, lost)))
             keep = tf.gather(lost, tf.where(tf.logical_not(own))[:, 0])
-            pos = tf.bitwise.bitwise_and(tf.gather(pos, keep) + 1, mask)
+            ks, rs = tf.gather(ks, keep), tf.gather(rs, keep)
+            pos = tf.bitwise.bitwise_and(tf.gather(pos, keep) + probe_step(ks), mask)
             repeated += _count(lost) - _count(keep)
-            return tf.gather(ks, keep), tf.gather(rs, keep), pos, repeated
+            return ks, rs, pos, repeated
 
         loop = tf.while_loop(
             lambda ks, *_: _count(ks) > 0,

@@ -3,7 +3,8 @@
 Layout
 ------
 *Index*: ``index [capacity, 2]`` int64 entries ``(key, row)``, a power-of-two
-open-addressing array with linear probing; one gather reads a slot's key and row together.
+open-addressing array probed by double hashing (a key steps by an odd stride of its own,
+``probe_step``); one gather reads a slot's key and row together.
 The row is the key's row id, or ``EMPTY`` / ``DELETED`` (a tombstone, so probe chains
 stay valid).
 *Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth`` (times what a
