@@ -7,7 +7,8 @@ device, with host-memory inputs where needed) whose type constraints accept the 
 dtypes. The one exception is the string constants of an assertion's message, which
 TensorFlow keeps in host memory next to the (GPU-capable) ``Assert`` kernel.
 ``kernels.get_registered_kernels_for_op`` lists no ``XLA_GPU_JIT`` kernels, so the ops of
-the one XLA-compiled function (the first probe rounds of a big batch) are checked against
+the XLA-compiled functions (the first probe rounds of a big batch, and the race of an
+insert's or a bulk load's keys for the empty slots those rounds found) are checked against
 the plain GPU kernels too, which XLA's GPU backend covers. Inside a
 ``tf.function`` the table inlines the same kernel code its eager calls run as shared
 functions, so tracing one graph covers both. The table is traced with the kernels it

@@ -5,6 +5,7 @@ start with (the probe loop and the rest of the kernels are in :mod:`._probe`).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import tensorflow as tf
@@ -94,9 +95,8 @@ def first_probes(index_handle: tf.Tensor, keys: tf.Tensor) -> tuple[tf.Tensor, .
 
     Returns ``(rows, stop, next_pos)``: the row of each key found (``EMPTY`` for a key
     found missing or not resolved yet); the slot where a resolved key stopped, at its own
-    key or at an empty slot (the one an insert claims), ``-1`` if unresolved; and the slot
-    where the probe of an unresolved key goes on (``-1`` once resolved). Lookups and
-    inserts share these compiled rounds. XLA's fused gathers and selects
+    key or at an empty slot, ``-1`` if unresolved; and the slot where the probe of an
+    unresolved key goes on (``-1`` once resolved). XLA's fused gathers and selects
     run these rounds several times faster than the graph loop, which compacts the
     unresolved keys every round. How many keys two rounds leave depends on when they
     came: at a final load of 0.6 (10M keys inserted in batches of 1M), 0.17% of the first
@@ -108,6 +108,13 @@ def first_probes(index_handle: tf.Tensor, keys: tf.Tensor) -> tuple[tf.Tensor, .
     compiles once per index capacity and batch size class.
     """
     index = handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
+    rows, stop, pos = _probe_rounds(index, keys)
+    return rows, stop, tf.where(stop >= 0, tf.constant(-1, tf.int64), pos)
+
+
+def _probe_rounds(index: tf.Variable, keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """The rounds of :func:`first_probes`: ``(rows, stop, pos)``, ``pos`` where the probe
+    of each key would go on."""
     mask = variable_length(index) - 1
     pos = tf.bitwise.bitwise_and(hash_keys(keys), mask)
     step = probe_step(keys)
@@ -120,7 +127,55 @@ def first_probes(index_handle: tf.Tensor, keys: tf.Tensor) -> tuple[tf.Tensor, .
         rows = tf.where(tf.logical_and(now, hit), entry[:, 1], rows)
         stop = tf.where(now, pos, stop)
         pos = tf.bitwise.bitwise_and(pos + step, mask)
-    return rows, stop, tf.where(stop >= 0, tf.constant(-1, tf.int64), pos)
+    return rows, stop, pos
+
+
+def _first_race(
+    index_handle: tf.Tensor, keys: tf.Tensor, tokens: tf.Tensor, count: tf.Tensor, serial: bool
+) -> tuple[tf.Tensor, ...]:
+    """:func:`first_probes`, then one race of the first ``count`` keys that stopped at an
+    empty slot for it, with ``(key, token)`` entries, all in one XLA computation.
+
+    Returns ``(rows, stop, start, won)``: ``rows`` and ``stop`` as :func:`first_probes`
+    gives them, ``start`` the slot where the probe of each key left goes on (unresolved,
+    or a loser of the race, which looks at its slot again: the winner may be a duplicate
+    of it; ``-1`` for the keys found and the winners) and ``won``. The writes of the keys
+    that take no part go out of bounds, which XLA's scatter skips. Unless ``serial``
+    (one writer after another, as on a CPU), the winners write their entries once more:
+    a parallel scatter may mix the columns of two writers.
+    """
+    index = handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
+    rows, stop, pos = _probe_rounds(index, keys)
+    capacity = variable_length(index)
+    real = tf.range(tf.size(keys, out_type=tf.int64)) < count
+    claim = tf.logical_and(real, tf.logical_and(stop >= 0, rows < 0))
+    entries = tf.stack([keys, tokens], 1)
+    index.scatter_update(tf.IndexedSlices(entries, tf.where(claim, stop, capacity)))
+    seen = tf.gather(index, tf.where(claim, stop, 0))[:, 1]
+    won = tf.logical_and(claim, tf.equal(seen, tokens))
+    if not serial:
+        index.scatter_update(tf.IndexedSlices(entries, tf.where(won, stop, capacity)))
+    resolved = tf.logical_or(tf.logical_or(rows >= 0, won), tf.logical_not(real))
+    start = tf.where(resolved, tf.constant(-1, tf.int64), tf.where(stop >= 0, stop, pos))
+    return rows, stop, start, won
+
+
+_RACE_SIGNATURE = [
+    tf.TensorSpec([], tf.resource),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([], tf.int64),
+]
+#: :func:`_first_race` compiled, by ``serial``.
+first_race = {
+    serial: tf.function(
+        functools.partial(_first_race, serial=serial),
+        jit_compile=True,
+        autograph=False,
+        input_signature=_RACE_SIGNATURE,
+    )
+    for serial in (True, False)
+}
 
 
 def empty_index(capacity: tf.Tensor) -> tf.Tensor:

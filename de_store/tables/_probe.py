@@ -10,7 +10,7 @@ first probe rounds in :mod:`._index`, the growth of the index and the row store 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
@@ -21,6 +21,7 @@ from de_store.tables._index import (
     EMPTY,
     empty_index,
     first_probes,
+    first_race,
     hash_keys,
     probe_step,
     size_class,
@@ -34,23 +35,6 @@ if TYPE_CHECKING:
 # Tokens of the last-occurrence race sit above every real row id. (The claims of an insert
 # use ``next_row + i``, also above every row held.)
 TOKEN_BASE = 1 << 40
-
-
-class _Race(NamedTuple):
-    """One race for the empty slots where :func:`first_probes` stopped.
-
-    ``found``, ``stop``: as :func:`first_probes` returns them; ``at``: the positions of the
-    keys that raced, ``slots`` their slots, ``won`` which of them won; ``left``: the
-    positions of the keys to probe on (unresolved, or lost), ``start`` where.
-    """
-
-    found: tf.Tensor
-    stop: tf.Tensor
-    at: tf.Tensor
-    slots: tf.Tensor
-    won: tf.Tensor
-    left: tf.Tensor
-    start: tf.Tensor
 
 
 class TableOps(CapacityOps, TrackingOps):
@@ -101,39 +85,30 @@ class TableOps(CapacityOps, TrackingOps):
         )
 
     def _claim_compiled(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """:meth:`_first_race` with the tokens ``base + i``, then the probe loop for the
-        keys left (a loser looks at its slot again: the winner may be a duplicate of it)."""
-        race = self._first_race(keys, lambda at: at + base)
-        left = race.left
-        got = tf.cond(  # (slot, row) of each key left
-            _count(left) > 0,
-            lambda: tf.stack(self.probe(tf.gather(keys, left), True, race.start, left + base), 1),
-            lambda: tf.zeros([0, 2], tf.int64),
-        )
-        won_at = tf.where(race.won)[:, 0]
-        winners = tf.gather(race.at, won_at)
-        result = tf.dynamic_stitch(
-            [tf.cast(x, tf.int32) for x in (tf.range(_count(keys)), winners, left)],
-            [
-                tf.stack([tf.where(race.found >= 0, race.stop, -1), race.found], 1),
-                tf.stack([tf.gather(race.slots, won_at), winners + base], 1),
-                got,
-            ],
-        )
+        """:func:`~._index.first_race` with the tokens ``base + i``, then the probe loop
+        for the keys left."""
+        tokens = tf.range(_count(keys)) + base
+        found, stop, start, won = self._first_race(keys, tokens)
+        hit = found >= 0
+        slots = tf.where(tf.logical_or(hit, won), stop, -1)
+        rows = tf.where(hit, found, tf.where(won, tokens, EMPTY))
+        result = tf.stack([slots, rows], 1)
+        left = tf.where(start >= 0)[:, 0]
+
+        def rest() -> tf.Tensor:
+            got = self.probe(tf.gather(keys, left), True, tf.gather(start, left), left + base)
+            return tf.tensor_scatter_nd_update(result, left[:, None], tf.stack(got, 1))
+
+        result = tf.cond(_count(left) > 0, rest, lambda: result)
         return result[:, 0], result[:, 1]
 
-    def _first_race(self, keys: tf.Tensor, tokens: Any) -> _Race:
-        """:func:`first_probes`, then one race of the keys that stopped at an empty slot
-        for it; ``tokens(at)`` gives the tokens of the keys at positions ``at``."""
-        found, stop, next_pos = self._first_probes(keys)
-        at = tf.where(tf.logical_and(stop >= 0, found < 0))[:, 0]
-        slots = tf.gather(stop, at)
-        won = self._claim(tokens(at), tf.gather(keys, at), slots, None)
-        lost = tf.where(tf.logical_not(won))[:, 0]
-        unresolved = tf.where(next_pos >= 0)[:, 0]
-        left = tf.concat([unresolved, tf.gather(at, lost)], 0)
-        start = tf.concat([tf.gather(next_pos, unresolved), tf.gather(slots, lost)], 0)
-        return _Race(found, stop, at, slots, won, left, start)
+    def _first_race(self, keys: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        """:func:`~._index.first_race` on the batch padded to its size class."""
+        n = _count(keys)
+        padding = tf.zeros(tf.reshape(size_class(n) - n, [1]), tf.int64)
+        race = first_race[self.t.serial_scatter]
+        padded = (tf.concat([x, padding], 0) for x in (keys, tokens))
+        return tuple(x[:n] for x in race(self.t.index.handle, *padded, n))
 
     # -- probing -----------------------------------------------------------------------
     def probe(
@@ -216,7 +191,7 @@ class TableOps(CapacityOps, TrackingOps):
         return result[:, 0], result[:, 1]
 
     def _claim(
-        self, tokens: tf.Tensor, keys: tf.Tensor, pos: tf.Tensor, empty: tf.Tensor | None
+        self, tokens: tf.Tensor, keys: tf.Tensor, pos: tf.Tensor, empty: tf.Tensor
     ) -> tf.Tensor:
         """Race for empty slots with ``(key, token)`` entries; return which keys won theirs.
 
@@ -226,8 +201,7 @@ class TableOps(CapacityOps, TrackingOps):
         t = self.t
         written = self._write_entries(keys, tokens, pos, empty)
         with tf.control_dependencies(written):
-            won = tf.equal(tf.gather(t.index, pos)[:, 1], tokens)
-            won = won if empty is None else tf.logical_and(empty, won)
+            won = tf.logical_and(empty, tf.equal(tf.gather(t.index, pos)[:, 1], tokens))
         if not t.serial_scatter:
             written = self._write_entries(keys, tokens, pos, won)
         # The next probe round must see the written keys: make its inputs wait for them.
@@ -235,16 +209,14 @@ class TableOps(CapacityOps, TrackingOps):
             return tf.identity(won)
 
     def _write_entries(
-        self, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Tensor, where: tf.Tensor | None
+        self, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Tensor, where: tf.Tensor
     ) -> list[tf.Operation]:
         """Scatter the entries ``(key, row)`` marked by ``where`` into their slots; return
         the write (for control dependencies; none when eager)."""
-        if where is None:
-            entries = tf.stack([keys, rows], 1)
-        else:
-            at = tf.where(where)[:, 0]
-            entries, slots = _entries(keys, rows, at), tf.gather(slots, at)
-        written = self.t.index.scatter_update(tf.IndexedSlices(entries, slots))
+        at = tf.where(where)[:, 0]
+        written = self.t.index.scatter_update(
+            tf.IndexedSlices(_entries(keys, rows, at), tf.gather(slots, at))
+        )
         return [written.op] if hasattr(written, "op") else []
 
     def last_occurrence(self, keys: tf.Tensor, slots: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
@@ -304,13 +276,14 @@ class TableOps(CapacityOps, TrackingOps):
         return self._place_loop(keys, rows, home)
 
     def _place_compiled(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-        """:meth:`_first_race` with the rows as tokens, then the loop for the keys left."""
-        race = self._first_race(keys, lambda at: tf.gather(rows, at))
-        left = race.left
-        present = tf.reduce_sum(tf.cast(race.found >= 0, tf.int64))
+        """:func:`~._index.first_race` with the rows as tokens, then the loop for the keys
+        left."""
+        found, _, start, _ = self._first_race(keys, rows)
+        left = tf.where(start >= 0)[:, 0]
+        present = tf.reduce_sum(tf.cast(found >= 0, tf.int64))
         return present + tf.cond(
             _count(left) > 0,
-            lambda: self._place_loop(tf.gather(keys, left), tf.gather(rows, left), race.start),
+            lambda: self._place_loop(*(tf.gather(x, left) for x in (keys, rows, start))),
             lambda: tf.constant(0, tf.int64),
         )
 
