@@ -10,7 +10,7 @@ first probe rounds in :mod:`._index`, the growth of the index and the row store 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import tensorflow as tf
 
@@ -35,6 +35,32 @@ if TYPE_CHECKING:
 # Tokens of the last-occurrence race sit above every real row id. (The claims of an insert
 # use ``next_row + i``, also above every row held.)
 TOKEN_BASE = 1 << 40
+
+
+class Claims(NamedTuple):
+    """What :meth:`TableOps.find_or_claim` found: ``slots`` and ``rows`` of the keys
+    resolved at once (``-1`` / ``EMPTY`` for the others), and ``left_slots``,
+    ``left_rows`` of the keys at positions ``left``, resolved by the probe loop. A row
+    at or above the batch's token base is a claim's token."""
+
+    slots: tf.Tensor
+    rows: tf.Tensor
+    left: tf.Tensor
+    left_slots: tf.Tensor
+    left_rows: tf.Tensor
+
+    def count_fresh(self, base: tf.Tensor) -> tf.Tensor:
+        """How many keys won a claim (key ``i`` holds the token ``base + i``)."""
+        won = tf.equal(self.rows, tf.range(tf.size(self.rows, out_type=tf.int64)) + base)
+        won_left = tf.equal(self.left_rows, self.left + base)
+        return sum(tf.reduce_sum(tf.cast(x, tf.int64)) for x in (won, won_left))
+
+    def merged(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(slots, rows)`` of every key."""
+        both = tf.stack([self.slots, self.rows], 1)
+        left = tf.stack([self.left_slots, self.left_rows], 1)
+        both = tf.tensor_scatter_nd_update(both, self.left[:, None], left)
+        return both[:, 0], both[:, 1]
 
 
 class TableOps(CapacityOps, TrackingOps):
@@ -75,16 +101,24 @@ class TableOps(CapacityOps, TrackingOps):
         padded = tf.concat([keys, tf.zeros(tf.reshape(size_class(n) - n, [1]), tf.int64)], 0)
         return tuple(x[:n] for x in first_probes(self.t.index.handle, padded))
 
-    def find_or_claim(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def find_or_claim(self, keys: tf.Tensor, base: tf.Tensor) -> Claims:
         """``probe`` claiming empty slots, key ``i`` with the token ``base + i``; big
-        batches start with :func:`first_probes`."""
-        return tf.cond(
-            _count(keys) >= COMPILED_MIN_KEYS,
-            lambda: self._claim_compiled(keys, base),
-            lambda: self.probe(keys, True, tokens=base),
+        batches start with :func:`~._index.first_race`."""
+        return Claims(
+            *tf.cond(
+                _count(keys) >= COMPILED_MIN_KEYS,
+                lambda: self._claim_compiled(keys, base),
+                lambda: self._claim_loop(keys, base),
+            )
         )
 
-    def _claim_compiled(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def _claim_loop(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        """:meth:`probe` claiming, every key left to the loop."""
+        n = _count(keys)
+        none = tf.fill(tf.reshape(n, [1]), tf.constant(EMPTY, tf.int64))
+        return (none, none, tf.range(n), *self.probe(keys, True, tokens=base))
+
+    def _claim_compiled(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """:func:`~._index.first_race` with the tokens ``base + i``, then the probe loop
         for the keys left."""
         tokens = tf.range(_count(keys)) + base
@@ -92,15 +126,13 @@ class TableOps(CapacityOps, TrackingOps):
         hit = found >= 0
         slots = tf.where(tf.logical_or(hit, won), stop, -1)
         rows = tf.where(hit, found, tf.where(won, tokens, EMPTY))
-        result = tf.stack([slots, rows], 1)
         left = tf.where(start >= 0)[:, 0]
-
-        def rest() -> tf.Tensor:
-            got = self.probe(tf.gather(keys, left), True, tf.gather(start, left), left + base)
-            return tf.tensor_scatter_nd_update(result, left[:, None], tf.stack(got, 1))
-
-        result = tf.cond(_count(left) > 0, rest, lambda: result)
-        return result[:, 0], result[:, 1]
+        got = tf.cond(
+            _count(left) > 0,
+            lambda: self.probe(tf.gather(keys, left), True, tf.gather(start, left), left + base),
+            lambda: (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64)),
+        )
+        return (slots, rows, left, *got)
 
     def _first_race(self, keys: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """:func:`~._index.first_race` on the batch padded to its size class."""
@@ -348,21 +380,41 @@ class TableOps(CapacityOps, TrackingOps):
         # batch is new and no freed row waits: the claims then wrote the final entries.
         # (Rows held now are below ``base``.)
         base = t.next_row.read_value()
-        slots, rows = self.find_or_claim(keys, base)
-        fresh = tf.equal(rows, tf.range(n) + base)
-        num_fresh = tf.reduce_sum(tf.cast(fresh, tf.int64))
-        all_new = tf.equal(num_fresh, n)
-        final = tf.logical_and(all_new, tf.equal(t.num_free, 0))
+        claims = self.find_or_claim(keys, base)
+        num_fresh = claims.count_fresh(base)
+        final = tf.logical_and(tf.equal(num_fresh, n), tf.equal(t.num_free, 0))
         fresh_rows = self.allocate_rows(num_fresh)
         t.num_keys.assign_add(num_fresh)
+
+        def new_ids() -> tuple[tf.Tensor, ...]:  # a batch of new ids: its rows are in order
+            every = tf.ones(tf.reshape(n, [1]), tf.bool)
+            return fresh_rows, every, every
+
+        def others() -> tuple[tf.Tensor, ...]:
+            return self._resolve_found(keys, base, claims, fresh_rows, num_fresh, pick_last)
+
+        rows, fresh, last = tf.cond(final, new_ids, others)
+        return rows, fresh, last if pick_last else None
+
+    def _resolve_found(
+        self,
+        keys: tf.Tensor,
+        base: tf.Tensor,
+        claims: Claims,
+        fresh_rows: tf.Tensor,
+        num_fresh: tf.Tensor,
+        pick_last: bool,
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """:meth:`_resolve` of a batch with present or repeated keys, or given freed rows:
+        the new keys' index entries get their rows, and every key the row of its key."""
+        t = self.t
+        n = _count(keys)
+        slots, rows = claims.merged()
+        fresh = tf.equal(rows, tf.range(n) + base)
+        all_new = tf.equal(num_fresh, n)
         at = tf.where(fresh)[:, 0]
-
-        def enter_rows() -> tf.Tensor:
-            entries = tf.stack([tf.gather(keys, at), fresh_rows], 1)
-            t.index.scatter_update(tf.IndexedSlices(entries, tf.gather(slots, at)))
-            return tf.constant(True)
-
-        tf.cond(final, lambda: tf.constant(False), enter_rows)
+        entries = tf.stack([tf.gather(keys, at), fresh_rows], 1)
+        t.index.scatter_update(tf.IndexedSlices(entries, tf.gather(slots, at)))
         claimed = rows >= base
         # Usually every claim is its claimer's own (no key repeats a new key of the batch):
         # the fresh rows go straight to the claimers' positions.
@@ -380,7 +432,7 @@ class TableOps(CapacityOps, TrackingOps):
 
         rows = tf.cond(
             distinct,
-            lambda: tf.cond(  # every key new (a batch of new ids): the fresh rows in order
+            lambda: tf.cond(  # every key new: the fresh rows in order
                 all_new,
                 lambda: fresh_rows,
                 lambda: tf.tensor_scatter_nd_update(rows_found, at[:, None], fresh_rows),
@@ -389,11 +441,12 @@ class TableOps(CapacityOps, TrackingOps):
                 claimed, tf.gather(tf.concat([fresh_rows, [EMPTY]], 0), numbered()), rows_found
             ),
         )
+        every = tf.ones(tf.reshape(n, [1]), tf.bool)
         if not pick_last:
-            return rows, fresh, None
+            return rows, fresh, every
         last = tf.cond(
             tf.logical_and(distinct, tf.reduce_all(claimed)),
-            lambda: tf.ones(tf.reshape(n, [1]), tf.bool),
+            lambda: every,
             lambda: self._last_of_each(keys, slots, rows, claimed, numbered(), num_fresh),
         )
         return rows, fresh, last
