@@ -126,7 +126,10 @@ def _probe_rounds(index: tf.Variable, keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
         now = tf.logical_and(stop < 0, tf.logical_or(hit, tf.equal(entry[:, 1], EMPTY)))
         rows = tf.where(tf.logical_and(now, hit), entry[:, 1], rows)
         stop = tf.where(now, pos, stop)
-        pos = tf.bitwise.bitwise_and(pos + step, mask)
+        # A key resolved reads slot 0 in the rounds left, which stays in cache.
+        pos = tf.where(
+            stop >= 0, tf.constant(0, tf.int64), tf.bitwise.bitwise_and(pos + step, mask)
+        )
     return rows, stop, pos
 
 
