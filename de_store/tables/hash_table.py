@@ -19,10 +19,12 @@ Batches are processed in parallel: every key probes at once, in rounds of a
 ``tf.while_loop`` that carry only the keys still unresolved. Keys that reach the same empty
 slot in the same round race for it with a ``scatter_update`` of ``(key, token)``; the one
 read back wins and the losers look at the slot again next round (a duplicate of the winner
-then finds it). Inserts of 16,384 keys or more start with the two compiled probe rounds
-that lookups use (below): the keys that stopped at an empty slot there claim it in one
-race, and only the keys those rounds left, and the race's losers, go on in the loop
-(about 15% of a big insert). The token of the batch's key ``i`` is the row it gets when every key is
+then finds it). Inserts and bulk loads of 16,384 keys or more start with the two compiled
+probe rounds that lookups use (below), and the keys that stopped at an empty slot there
+race for it in the same XLA computation (the other keys' writes go out of bounds, which
+XLA's scatter skips); only the keys those rounds left, and the race's losers, go on in
+the loop. A pre-sized insert of 1M new keys at load 0.6 went from 320 to 170 ms with these
+and double hashing. The token of the batch's key ``i`` is the row it gets when every key is
 new and no freed row waits (``next_row + i``): the claims then wrote the final entries;
 otherwise the new keys' entries are written again with the rows allocated. For
 ``insert``, when no key repeats a new key of the batch (the common case) every claimer is
@@ -43,8 +45,8 @@ Lookups (and the finds of ``accum(insert_missing=False)`` and ``export_changes``
 16,384 keys or more first run two probe rounds over every key as one XLA computation
 (``jit_compile``: its fused gathers are several times faster than the loop's, which
 compacts the unresolved keys every round); the loop then goes on from there for the keys
-left (a few in a thousand of the keys inserted first, a third of those inserted last). XLA compiles
-once per index capacity and batch size class (4 to 8 classes per power of two).
+left (two in a thousand of the keys inserted first, a third of those inserted last). XLA
+compiles once per index capacity and batch size class (4 to 8 classes per power of two).
 
 The kernels are ``tf.function`` s shared by every table of one configuration (dtype, dim,
 sizing), traced once and given the variables' resource handles; inside a caller's
