@@ -10,7 +10,7 @@ first probe rounds in :mod:`._index`, the growth of the index and the row store 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import tensorflow as tf
 
@@ -370,8 +370,9 @@ class TableOps(CapacityOps, TrackingOps):
     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
         """Find or claim a slot per key and give claimed slots fresh rows.
 
-        Returns ``(rows, fresh, last)``: ``fresh`` marks the keys that were new, ``last``
-        (when ``pick_last``, else ``None``) the last occurrence of each key.
+        Returns ``(rows, fresh_rows, last)``: ``fresh_rows`` are the rows given to the new
+        keys, ``last`` (when ``pick_last``, else ``None``) marks the last occurrence of each
+        key.
         """
         t = self.t
         n = _count(keys)
@@ -386,15 +387,16 @@ class TableOps(CapacityOps, TrackingOps):
         fresh_rows = self.allocate_rows(num_fresh)
         t.num_keys.assign_add(num_fresh)
 
-        def new_ids() -> tuple[tf.Tensor, ...]:  # a batch of new ids: its rows are in order
-            every = tf.ones(tf.reshape(n, [1]), tf.bool)
-            return fresh_rows, every, every
+        def new_ids() -> Any:  # a batch of new ids: its rows are in order, each key last
+            return (fresh_rows, tf.ones(tf.reshape(n, [1]), tf.bool)) if pick_last else fresh_rows
 
-        def others() -> tuple[tf.Tensor, ...]:
-            return self._resolve_found(keys, base, claims, fresh_rows, num_fresh, pick_last)
+        def others() -> Any:
+            rows, last = self._resolve_found(keys, base, claims, fresh_rows, num_fresh, pick_last)
+            return (rows, last) if pick_last else rows
 
-        rows, fresh, last = tf.cond(final, new_ids, others)
-        return rows, fresh, last if pick_last else None
+        resolved = tf.cond(final, new_ids, others)
+        rows, last = resolved if pick_last else (resolved, None)
+        return rows, fresh_rows, last
 
     def _resolve_found(
         self,
@@ -404,9 +406,10 @@ class TableOps(CapacityOps, TrackingOps):
         fresh_rows: tf.Tensor,
         num_fresh: tf.Tensor,
         pick_last: bool,
-    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    ) -> tuple[tf.Tensor, tf.Tensor | None]:
         """:meth:`_resolve` of a batch with present or repeated keys, or given freed rows:
-        the new keys' index entries get their rows, and every key the row of its key."""
+        the new keys' index entries get their rows, and every key the row of its key.
+        Returns ``(rows, last)``."""
         t = self.t
         n = _count(keys)
         slots, rows = claims.merged()
@@ -441,15 +444,14 @@ class TableOps(CapacityOps, TrackingOps):
                 claimed, tf.gather(tf.concat([fresh_rows, [EMPTY]], 0), numbered()), rows_found
             ),
         )
-        every = tf.ones(tf.reshape(n, [1]), tf.bool)
         if not pick_last:
-            return rows, fresh, every
+            return rows, None
         last = tf.cond(
             tf.logical_and(distinct, tf.reduce_all(claimed)),
-            lambda: every,
+            lambda: tf.ones(tf.reshape(n, [1]), tf.bool),
             lambda: self._last_of_each(keys, slots, rows, claimed, numbered(), num_fresh),
         )
-        return rows, fresh, last
+        return rows, last
 
     def _last_of_each(
         self,
@@ -516,8 +518,7 @@ class TableOps(CapacityOps, TrackingOps):
     def accum_insert(self, keys: tf.Tensor, deltas: tf.Tensor) -> None:
         """Add deltas, inserting missing keys at zero first."""
         t = self.t
-        rows, fresh, _ = self._resolve(keys, pick_last=False)
-        new_rows = tf.boolean_mask(rows, fresh)
+        rows, new_rows, _ = self._resolve(keys, pick_last=False)
         t.values.scatter_update(
             tf.IndexedSlices(
                 tf.zeros(tf.stack([_count(new_rows), t.dim]), t.values.dtype), new_rows
