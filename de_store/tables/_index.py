@@ -51,6 +51,17 @@ def probe_step(keys: tf.Tensor) -> tf.Tensor:
     return tf.bitwise.bitwise_or(mixed, tf.constant(1, tf.int64))
 
 
+def home_slots(keys: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+    """The slot where the probe of each key starts (``mask``: capacity - 1)."""
+    return tf.bitwise.bitwise_and(hash_keys(keys), mask)
+
+
+def next_slots(pos: tf.Tensor, keys: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+    """The slot each key probes after ``pos``: every probe, compiled or in the graph loop,
+    follows this one sequence."""
+    return tf.bitwise.bitwise_and(pos + probe_step(keys), mask)
+
+
 def hash_keys(keys: tf.Tensor) -> tf.Tensor:
     """A 64-bit finalizer (murmur3 fmix64) on int64 keys; shifts masked to be logical."""
     x = tf.bitwise.bitwise_xor(
@@ -85,6 +96,13 @@ def size_class(n: tf.Tensor) -> tf.Tensor:
     return (n + step - 1) // step * step
 
 
+def padded(n: tf.Tensor, *columns: tf.Tensor) -> list[tf.Tensor]:
+    """Each int64 column of ``n`` values padded with zeros to the size class of ``n``: the
+    compiled functions see few shapes."""
+    padding = tf.zeros(tf.reshape(size_class(n) - n, [1]), tf.int64)
+    return [tf.concat([x, padding], 0) for x in columns]
+
+
 @tf.function(
     jit_compile=True,
     autograph=False,
@@ -116,8 +134,7 @@ def _probe_rounds(index: tf.Variable, keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
     """The rounds of :func:`first_probes`: ``(rows, stop, pos)``, ``pos`` where the probe
     of each key would go on."""
     mask = variable_length(index) - 1
-    pos = tf.bitwise.bitwise_and(hash_keys(keys), mask)
-    step = probe_step(keys)
+    pos = home_slots(keys, mask)
     rows = tf.fill(tf.shape(keys), tf.constant(EMPTY, tf.int64))
     stop = tf.fill(tf.shape(keys), tf.constant(-1, tf.int64))
     for _ in range(COMPILED_ROUNDS):
@@ -127,9 +144,7 @@ def _probe_rounds(index: tf.Variable, keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
         rows = tf.where(tf.logical_and(now, hit), entry[:, 1], rows)
         stop = tf.where(now, pos, stop)
         # A key resolved reads slot 0 in the rounds left, which stays in cache.
-        pos = tf.where(
-            stop >= 0, tf.constant(0, tf.int64), tf.bitwise.bitwise_and(pos + step, mask)
-        )
+        pos = tf.where(stop >= 0, tf.constant(0, tf.int64), next_slots(pos, keys, mask))
     return rows, stop, pos
 
 

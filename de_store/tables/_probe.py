@@ -22,9 +22,9 @@ from de_store.tables._index import (
     empty_index,
     first_probes,
     first_race,
-    hash_keys,
-    probe_step,
-    size_class,
+    home_slots,
+    next_slots,
+    padded,
 )
 from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, variable_length
 from de_store.tables._tracking import count as _count
@@ -98,8 +98,7 @@ class TableOps(CapacityOps, TrackingOps):
     def _first_probes(self, keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """:func:`first_probes` on the batch padded to its size class (few XLA shapes)."""
         n = _count(keys)
-        padded = tf.concat([keys, tf.zeros(tf.reshape(size_class(n) - n, [1]), tf.int64)], 0)
-        return tuple(x[:n] for x in first_probes(self.t.index.handle, padded))
+        return tuple(x[:n] for x in first_probes(self.t.index.handle, *padded(n, keys)))
 
     def find_or_claim(self, keys: tf.Tensor, base: tf.Tensor) -> Claims:
         """``probe`` claiming empty slots, key ``i`` with the token ``base + i``; big
@@ -137,10 +136,8 @@ class TableOps(CapacityOps, TrackingOps):
     def _first_race(self, keys: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """:func:`~._index.first_race` on the batch padded to its size class."""
         n = _count(keys)
-        padding = tf.zeros(tf.reshape(size_class(n) - n, [1]), tf.int64)
         race = first_race[self.t.serial_scatter]
-        padded = (tf.concat([x, padding], 0) for x in (keys, tokens))
-        return tuple(x[:n] for x in race(self.t.index.handle, *padded, n))
+        return tuple(x[:n] for x in race(self.t.index.handle, *padded(n, keys, tokens), n))
 
     # -- probing -----------------------------------------------------------------------
     def probe(
@@ -181,7 +178,7 @@ class TableOps(CapacityOps, TrackingOps):
             if claim:
                 done = tf.logical_or(hit, self._claim(token(idx), ks, pos, empty))
                 # A loser of a race stays: the winner may be a duplicate of it.
-                next_pos = tf.where(empty, pos, tf.bitwise.bitwise_and(pos + probe_step(ks), mask))
+                next_pos = tf.where(empty, pos, next_slots(pos, ks, mask))
             else:
                 done = tf.logical_or(hit, empty)
                 next_pos = pos  # moved below, for the kept keys only
@@ -197,7 +194,7 @@ class TableOps(CapacityOps, TrackingOps):
             keep = tf.where(tf.logical_not(done))[:, 0]
             kept = [tf.gather(x, keep) for x in (idx, ks, next_pos)]
             if not claim:
-                kept[2] = tf.bitwise.bitwise_and(kept[2] + probe_step(kept[1]), mask)
+                kept[2] = next_slots(kept[2], kept[1], mask)
             return (step + 1, *kept, found, found_at)
 
         loop = tf.while_loop(
@@ -207,7 +204,7 @@ class TableOps(CapacityOps, TrackingOps):
                 tf.constant(0, tf.int32),
                 tf.range(_count(keys)),
                 keys,
-                tf.bitwise.bitwise_and(hash_keys(keys), mask) if start is None else start,
+                home_slots(keys, mask) if start is None else start,
                 found,
                 found_at,
             ),
@@ -293,8 +290,9 @@ class TableOps(CapacityOps, TrackingOps):
         Keys race for empty slots with their row ids; every loser moves on. Returns how many
         keys broke the precondition (present already, or repeated in ``keys``: the slot
         they lost, or passed, holds their own key); those are not placed. Big batches start
-        with :func:`first_probes`, like big inserts (a rehash does not: in its empty index
-        every key stops at its first slot, which the loop's first round reads as well).
+        with :func:`~._index.first_race`, like big inserts (a rehash does not: in its empty
+        index every key stops at its first slot, which the loop's first round reads as
+        well, and the race would need an XLA compile for each new capacity).
         """
         return tf.cond(
             _count(keys) >= COMPILED_MIN_KEYS,
@@ -304,7 +302,7 @@ class TableOps(CapacityOps, TrackingOps):
 
     def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """:meth:`place` in the probe loop only, from each key's home slot."""
-        home = tf.bitwise.bitwise_and(hash_keys(keys), variable_length(self.t.index) - 1)
+        home = home_slots(keys, variable_length(self.t.index) - 1)
         return self._place_loop(keys, rows, home)
 
     def _place_compiled(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
@@ -339,7 +337,7 @@ class TableOps(CapacityOps, TrackingOps):
             own = tf.logical_and(held[:, 1] >= 0, tf.equal(held[:, 0], tf.gather(ks, lost)))
             keep = tf.gather(lost, tf.where(tf.logical_not(own))[:, 0])
             ks, rs = tf.gather(ks, keep), tf.gather(rs, keep)
-            pos = tf.bitwise.bitwise_and(tf.gather(pos, keep) + probe_step(ks), mask)
+            pos = next_slots(tf.gather(pos, keep), ks, mask)
             repeated += _count(lost) - _count(keep)
             return ks, rs, pos, repeated
 
