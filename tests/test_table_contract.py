@@ -229,11 +229,26 @@ def test_keys_past_the_compiled_probe_rounds_are_found_by_the_loop():
     assert int(table.size()) == 15_000
 
 
+@pytest.fixture(params=["one chunk", "chunks of 512"])
+def race_chunk(request, monkeypatch):
+    """The keys a big batch leaves to the loop race in chunks of ``_race.CHUNK``: the
+    default (one chunk here), or chunks of 512, each race seeing the claims of the ones
+    before. Kernels are traced again for the patched size."""
+    from de_store.tables import _kernels, _race
+
+    if request.param != "one chunk":
+        monkeypatch.setattr(_race, "CHUNK", 512)
+    _kernels.kernels_for.cache_clear()
+    yield request.param
+    _kernels.kernels_for.cache_clear()
+
+
 @pytest.mark.parametrize("scatters", ["serial", "unordered"])
-def test_big_batch_claims_left_to_the_loop_agree_with_a_dict(scatters):
+def test_big_batch_claims_left_to_the_loop_agree_with_a_dict(scatters, race_chunk):
     """A big insert claims the empty slots its compiled probe rounds stopped at in one
     race; keys past those rounds (a 0.9 load factor) and the race's losers (repeats, keys
-    of one home slot) go on in the loop. Present, new and repeated keys mixed."""
+    of one home slot) go on in the loop, which races them in chunks. Present, new and
+    repeated keys mixed."""
     from de_store.tables import _index
 
     table = HashTable(tf.int64, tf.int64, 1, name="claims", max_load_factor=0.9)
@@ -255,6 +270,39 @@ def test_big_batch_claims_left_to_the_loop_agree_with_a_dict(scatters):
     content = dict(zip(*(x.numpy().tolist() for x in table.export_all()), strict=True))
     assert {key: value[0] for key, value in content.items()} == model
     assert int(table.size()) == len(model) == 50_000
+
+
+@pytest.mark.parametrize("size", [64, 20_000])  # the graph loop; the compiled race
+@pytest.mark.parametrize("op", ["insert", "accum"])
+def test_a_batch_of_mostly_new_keys_keeps_its_rows_dense(size, op):
+    """A batch with few present or repeated keys (at most 1/16) gives its new keys the
+    rows their claims named, moving the new keys named past the batch's new rows into the
+    rows of the keys found: every row up to ``next_row`` belongs to a key, none is freed."""
+    table = HashTable(tf.int64, tf.int64, 1, name="dense_rows")
+    rng = np.random.default_rng(5)
+    keys = rng.choice(1 << 40, 2 * size, replace=False).astype(np.int64)
+    held = keys[: size // 2]
+    table.insert(held, held[:, None])
+    model = dict(zip(held.tolist(), held.tolist(), strict=True))
+    # new keys, some present keys and some new keys again, spread over the batch
+    batch = np.concatenate([keys[size:], held[: size // 40], keys[size : size + size // 40]])
+    batch = rng.permutation(batch)
+    assert 16 * (len(batch) - len(set(batch.tolist()) - set(model))) <= len(batch)
+    deltas = np.arange(len(batch), dtype=np.int64)[:, None] + 1
+    if op == "insert":
+        table.insert(batch, deltas)
+        model.update(zip(batch.tolist(), deltas[:, 0].tolist(), strict=True))
+    else:
+        table.accum(batch, deltas)
+        for key, delta in zip(batch.tolist(), deltas[:, 0].tolist(), strict=True):
+            model[key] = model.get(key, 0) + delta
+    content = dict(zip(*(x.numpy().tolist() for x in table.export_all()), strict=True))
+    assert {key: value[0] for key, value in content.items()} == model
+    state = table._state
+    assert int(state.next_row) == int(table.size()) == len(model)
+    assert int(state.num_free) == 0
+    live_rows = state.index.numpy()[:, 1]
+    assert sorted(live_rows[live_rows >= 0].tolist()) == list(range(len(model)))
 
 
 def test_load_distinct_gives_what_insert_gives(table):

@@ -26,6 +26,7 @@ from de_store.tables._index import (
     next_slots,
     padded,
 )
+from de_store.tables._race import KEPT_TOKENS_DIV, RaceOps, probe_rounds
 from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, variable_length
 from de_store.tables._tracking import count as _count
 
@@ -63,7 +64,7 @@ class Claims(NamedTuple):
         return both[:, 0], both[:, 1]
 
 
-class TableOps(CapacityOps, TrackingOps):
+class TableOps(CapacityOps, RaceOps, TrackingOps):
     """Graph operations over one table's variables (built while tracing a kernel)."""
 
     def __init__(self, table: View, kernels: Kernels) -> None:
@@ -128,7 +129,7 @@ class TableOps(CapacityOps, TrackingOps):
         left = tf.where(start >= 0)[:, 0]
         got = tf.cond(
             _count(left) > 0,
-            lambda: self.probe(tf.gather(keys, left), True, tf.gather(start, left), left + base),
+            lambda: self._race_loop(tf.gather(keys, left), tf.gather(start, left), left + base),
             lambda: (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64)),
         )
         return (slots, rows, left, *got)
@@ -163,13 +164,6 @@ class TableOps(CapacityOps, TrackingOps):
         def token(i: tf.Tensor) -> tf.Tensor:
             return tf.gather(tokens, i) if per_key else i + tokens
 
-        found = tf.TensorArray(
-            tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=[None]
-        )
-        found_at = tf.TensorArray(
-            tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=[None, 2]
-        )
-
         def body(step, idx, ks, pos, found, found_at):
             entry = tf.gather(t.index, pos)
             rows = entry[:, 1]
@@ -197,27 +191,7 @@ class TableOps(CapacityOps, TrackingOps):
                 kept[2] = next_slots(kept[2], kept[1], mask)
             return (step + 1, *kept, found, found_at)
 
-        loop = tf.while_loop(
-            lambda step, idx, *_: _count(idx) > 0,
-            body,
-            (
-                tf.constant(0, tf.int32),
-                tf.range(_count(keys)),
-                keys,
-                home_slots(keys, mask) if start is None else start,
-                found,
-                found_at,
-            ),
-            shape_invariants=(
-                tf.TensorShape([]),
-                *[tf.TensorShape([None])] * 3,
-                *[tf.TensorShape(None)] * 2,
-            ),
-        )
-        # Put the per-round results back in batch order (``order`` is a permutation).
-        order = tf.cast(loop[4].concat(), tf.int32)
-        result = tf.dynamic_stitch([order], [loop[5].concat()])
-        return result[:, 0], result[:, 1]
+        return probe_rounds(body, [keys, home_slots(keys, mask) if start is None else start])
 
     def _claim(
         self, tokens: tf.Tensor, keys: tf.Tensor, pos: tf.Tensor, empty: tf.Tensor
@@ -381,20 +355,30 @@ class TableOps(CapacityOps, TrackingOps):
         base = t.next_row.read_value()
         claims = self.find_or_claim(keys, base)
         num_fresh = claims.count_fresh(base)
-        final = tf.logical_and(tf.equal(num_fresh, n), tf.equal(t.num_free, 0))
-        fresh_rows = self.allocate_rows(num_fresh)
         t.num_keys.assign_add(num_fresh)
+        # A batch of (nearly) all new keys keeps its claim tokens as rows when no freed row
+        # waits: the claims then wrote the final index entries, but for the few new keys
+        # whose token lies past the batch's new rows (see ``_tokens_as_rows``).
+        tokens_kept = tf.logical_and(
+            tf.equal(t.num_free, 0), KEPT_TOKENS_DIV * (n - num_fresh) <= n
+        )
+        if pick_last:  # the last of repeated keys is found by _resolve_found
+            tokens_kept = tf.logical_and(tokens_kept, tf.equal(num_fresh, n))
 
-        def new_ids() -> Any:  # a batch of new ids: its rows are in order, each key last
-            return (fresh_rows, tf.ones(tf.reshape(n, [1]), tf.bool)) if pick_last else fresh_rows
+        def kept() -> Any:
+            rows = self._tokens_as_rows(keys, base, claims, num_fresh)
+            fresh_rows = tf.range(num_fresh) + base
+            if pick_last:  # every key new, each one its own last
+                return rows, fresh_rows, tf.ones(tf.reshape(n, [1]), tf.bool)
+            return rows, fresh_rows
 
-        def others() -> Any:
+        def given() -> Any:
+            fresh_rows = self.allocate_rows(num_fresh)
             rows, last = self._resolve_found(keys, base, claims, fresh_rows, num_fresh, pick_last)
-            return (rows, last) if pick_last else rows
+            return (rows, fresh_rows, last) if pick_last else (rows, fresh_rows)
 
-        resolved = tf.cond(final, new_ids, others)
-        rows, last = resolved if pick_last else (resolved, None)
-        return rows, fresh_rows, last
+        resolved = tf.cond(tokens_kept, kept, given)
+        return resolved if pick_last else (*resolved, None)
 
     def _resolve_found(
         self,

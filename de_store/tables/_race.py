@@ -1,0 +1,140 @@
+"""The compiled probe loop of big inserts, and the rows of a batch of new keys: mixed
+into :class:`~de_store.tables._probe.TableOps`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import tensorflow as tf
+
+from de_store.tables._index import CHUNK, race_from
+from de_store.tables._tracking import count as _count
+
+if TYPE_CHECKING:
+    from de_store.tables._probe import Claims
+
+#: A batch keeps its claim tokens as rows when at most ``1/KEPT_TOKENS_DIV`` of its keys
+#: are present or repeated.
+KEPT_TOKENS_DIV = 16
+
+
+def probe_rounds(body: Any, columns: list[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+    """Run ``body`` round after round until every key is resolved; ``(slots, rows)`` of
+    each key, in batch order.
+
+    ``columns`` are what the rounds carry per key (keys first). ``body(step, idx, *columns,
+    found, found_at)`` writes, at ``step``, the batch positions (from ``idx``) of the keys
+    it resolved to ``found`` and their ``(slot, row)`` to ``found_at``, and returns the
+    arguments of the next round, for the keys left.
+    """
+    found, found_at = (
+        tf.TensorArray(tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=shape)
+        for shape in ([None], [None, 2])
+    )
+    loop = tf.while_loop(
+        lambda step, idx, *_: _count(idx) > 0,
+        body,
+        (tf.constant(0, tf.int32), tf.range(_count(columns[0])), *columns, found, found_at),
+        shape_invariants=(
+            tf.TensorShape([]),
+            *[tf.TensorShape([None])] * (1 + len(columns)),
+            *[tf.TensorShape(None)] * 2,
+        ),
+    )
+    # The positions found form a permutation of the batch.
+    order = tf.cast(loop[-2].concat(), tf.int32)
+    result = tf.dynamic_stitch([order], [loop[-1].concat()])
+    return result[:, 0], result[:, 1]
+
+
+class RaceOps:
+    """Mixed into ``TableOps``: ``self.t`` is the table; ``CapacityOps`` grows the row
+    store."""
+
+    t: Any
+
+    def _ensure_rows(self, needed: tf.Tensor, headroom: bool = True) -> None:
+        raise NotImplementedError
+
+    def _race_chunks(
+        self, keys: tf.Tensor, tokens: tf.Tensor, start: tf.Tensor
+    ) -> tuple[tf.Tensor, ...]:
+        """:data:`~._index.race_from` over every key, chunk after chunk of
+        :data:`~._index.CHUNK` keys (the last one padded): ``(rows, stop, start, won)``
+        as :func:`~._index.first_race` gives them, for keys probing from ``start``."""
+        n = _count(keys)
+        chunks = tf.cast((n + CHUNK - 1) // CHUNK, tf.int32)
+        pad = tf.zeros(tf.reshape(tf.cast(chunks, tf.int64) * CHUNK - n, [1]), tf.int64)
+        keys, tokens, start = (tf.concat([x, pad], 0) for x in (keys, tokens, start))
+        race = race_from[self.t.serial_scatter]
+        outs = [
+            tf.TensorArray(dtype, size=chunks, element_shape=[CHUNK])
+            for dtype in (tf.int64, tf.int64, tf.int64, tf.bool)
+        ]
+
+        def body(j: tf.Tensor, *outs: tf.TensorArray) -> tuple[Any, ...]:
+            at = tf.cast(j, tf.int64) * CHUNK
+            got = race(
+                self.t.index.handle,
+                keys[at : at + CHUNK],
+                tokens[at : at + CHUNK],
+                tf.minimum(n - at, CHUNK),
+                start[at : at + CHUNK],
+            )
+            return (j + 1, *(out.write(j, x) for out, x in zip(outs, got, strict=True)))
+
+        # One chunk after the other: each race reads the slots the ones before claimed.
+        loop = tf.while_loop(
+            lambda j, *_: j < chunks, body, (tf.constant(0), *outs), parallel_iterations=1
+        )
+        return tuple(out.concat()[:n] for out in loop[1:])
+
+    def _race_loop(
+        self, keys: tf.Tensor, start: tf.Tensor, tokens: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """:meth:`probe` claiming, for keys probing on from ``start``, each round the
+        compiled rounds and race of :meth:`_race_chunks` over every key left."""
+
+        def body(step, idx, ks, tk, pos, found, found_at):
+            rows, stop, going_on, won = self._race_chunks(ks, tk, pos)
+            done_at = tf.where(going_on < 0)[:, 0]
+            found = found.write(step, tf.gather(idx, done_at))
+            at = [tf.gather(stop, done_at), tf.gather(tf.where(won, tk, rows), done_at)]
+            found_at = found_at.write(step, tf.stack(at, axis=1))
+            keep = tf.where(going_on >= 0)[:, 0]
+            kept = [tf.gather(x, keep) for x in (idx, ks, tk, going_on)]
+            return (step + 1, *kept, found, found_at)
+
+        return probe_rounds(body, [keys, tokens, start])
+
+    def _tokens_as_rows(
+        self, keys: tf.Tensor, base: tf.Tensor, claims: Claims, num_fresh: tf.Tensor
+    ) -> tf.Tensor:
+        """The rows of a batch whose new keys take the rows ``base ..`` in order of
+        their tokens, ``base + i`` for key ``i``: the row of each key.
+
+        The new keys get the rows ``base .. base + num_fresh - 1``. A new key whose token
+        lies past them takes the row of a key found (present, or repeating a new key) in
+        that range: only those few index entries are written again.
+        """
+        t = self.t
+        n = _count(keys)
+        self._ensure_rows(base + num_fresh)
+        t.next_row.assign(base + num_fresh)
+        tokens = tf.range(n) + base
+
+        def some_found() -> tf.Tensor:
+            slots, rows = claims.merged()
+            won = tf.equal(rows, tokens)
+            below = tf.range(n) < num_fresh
+            late = tf.where(tf.logical_and(won, tf.logical_not(below)))[:, 0]
+            gaps = tf.where(tf.logical_and(tf.logical_not(won), below))[:, 0]  # as many
+            entries = tf.stack([tf.gather(keys, late), gaps + base], 1)
+            t.index.scatter_update(tf.IndexedSlices(entries, tf.gather(slots, late)))
+            # token past the new rows -> its new row, for the new keys and their repeats
+            moved = tf.scatter_nd((late - num_fresh)[:, None], gaps, [n - num_fresh])
+            past = rows >= base + num_fresh
+            at = tf.where(past, rows - base - num_fresh, 0)
+            return tf.where(past, tf.gather(moved, at) + base, rows)
+
+        return tf.cond(tf.equal(num_fresh, n), lambda: tokens, some_found)
