@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables._index import empty_index
-from de_store.tables._tracking import push, variable_length
+from de_store.tables._tracking import push, read_shared, replace, variable_length
 
 
 class CapacityOps:
@@ -18,7 +18,7 @@ class CapacityOps:
 
     def live_entries(self) -> tf.Tensor:
         """The ``(key, row)`` entries of every occupied slot, ``[n, 2]``, in one read."""
-        entries = self.t.index.read_value()
+        entries = read_shared(self.t.index)
         return tf.gather(entries, tf.where(entries[:, 1] >= 0)[:, 0])
 
     def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
@@ -54,7 +54,7 @@ class CapacityOps:
         """Rebuild the index at ``capacity``, dropping tombstones; rows do not move."""
         t = self.t
         live = self.live_entries()
-        t.index.assign(empty_index(capacity))
+        replace(t.index, empty_index(capacity))
         t.num_deleted.assign(0)
         self.place_from_home(live[:, 0], live[:, 1])
 
@@ -84,9 +84,9 @@ class CapacityOps:
             # copy it twice more). Rows past the old end repeat its last row: a row is
             # written (or zeroed, by accum) whenever it is handed out.
             source = tf.minimum(tf.range(tf.maximum(needed, bigger)), have - 1)
-            t.values.assign(tf.gather(t.values, source))
+            replace(t.values, tf.gather(t.values, source))
             if t.track_changes:  # a row's stamp is written whenever the row is
-                t.stamps.assign(tf.gather(t.stamps, source))
+                replace(t.stamps, tf.gather(t.stamps, source))
             return tf.constant(True)
 
         have = variable_length(t.values)

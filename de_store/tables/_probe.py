@@ -27,7 +27,7 @@ from de_store.tables._index import (
     padded,
 )
 from de_store.tables._race import KEPT_TOKENS_DIV, RaceOps, probe_rounds
-from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, variable_length
+from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, replace, variable_length
 from de_store.tables._tracking import count as _count
 
 if TYPE_CHECKING:
@@ -553,18 +553,18 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         used = tf.logical_or(t.num_keys + t.num_deleted > 0, variable_length(t.index) != capacity)
 
         def empty() -> tf.Tensor:
-            t.index.assign(empty_index(capacity))
+            replace(t.index, empty_index(capacity))
             return tf.constant(True)
 
         tf.cond(used, empty, lambda: tf.constant(False))
         rows = tf.constant(t.init_rows, tf.int64)
 
         def shrink() -> tf.Tensor:
-            t.values.assign(tf.zeros(tf.stack([rows, t.dim]), t.values.dtype))
+            replace(t.values, tf.zeros(tf.stack([rows, t.dim]), t.values.dtype))
             if t.track_changes:  # stamps are as long as the row store
                 # Fill has no GPU kernel for uint32 (nor int32): cast int64 zeros
                 zeros = tf.zeros(tf.reshape(rows, [1]), tf.int64)
-                t.stamps.assign(tf.cast(zeros, STAMP_DTYPE))
+                replace(t.stamps, tf.cast(zeros, STAMP_DTYPE))
             return tf.constant(True)
 
         tf.cond(variable_length(t.values) != rows, shrink, lambda: tf.constant(False))
