@@ -170,10 +170,12 @@ def _first_race(
     start at the home slots, or at ``start`` (:data:`race_from`, :data:`CHUNK_ROUNDS`
     rounds).
 
-    Returns ``(rows, stop, start, won)``: ``rows`` and ``stop`` as :func:`first_probes`
-    gives them, ``start`` the slot where the probe of each key left goes on (unresolved,
-    or a loser of the race, which looks at its slot again: the winner may be a duplicate
-    of it; ``-1`` for the keys found and the winners) and ``won``. The writes of the keys
+    Returns ``(rows, slots, start, counts)``: the row of each key found (a claim token:
+    a repeat of a winner), the token of each winner, ``EMPTY`` for the others; the slot
+    of each key found or winner, else ``-1``; ``start``, the slot where the probe of each
+    key left goes on (unresolved, or a loser of the race, which looks at its slot again:
+    the winner may be a duplicate of it; ``-1`` for the keys found and the winners); and
+    ``counts``, how many of the first ``count`` keys won and were found. The writes of the keys
     that take no part go out of bounds, which XLA's scatter skips. Unless ``serial``
     (one writer after another, as on a CPU), the winners write their entries once more:
     a parallel scatter may mix the columns of two writers.
@@ -190,9 +192,12 @@ def _first_race(
     won = tf.logical_and(claim, tf.equal(seen, tokens))
     if not serial:
         index.scatter_update(tf.IndexedSlices(entries, tf.where(won, stop, capacity)))
-    resolved = tf.logical_or(tf.logical_or(rows >= 0, won), tf.logical_not(real))
+    found = tf.logical_and(real, rows >= 0)
+    resolved = tf.logical_or(tf.logical_or(found, won), tf.logical_not(real))
     start = tf.where(resolved, tf.constant(-1, tf.int64), tf.where(stop >= 0, stop, pos))
-    return rows, stop, start, won
+    counts = tf.stack([tf.reduce_sum(tf.cast(x, tf.int64)) for x in (won, found)])
+    slots = tf.where(tf.logical_or(found, won), stop, tf.constant(-1, tf.int64))
+    return tf.where(won, tokens, rows), slots, start, counts
 
 
 _RACE_SIGNATURE = [

@@ -49,12 +49,12 @@ class Claims(NamedTuple):
     left: tf.Tensor
     left_slots: tf.Tensor
     left_rows: tf.Tensor
+    won: tf.Tensor  # how many of the keys resolved at once won their claim
 
     def count_fresh(self, base: tf.Tensor) -> tf.Tensor:
         """How many keys won a claim (key ``i`` holds the token ``base + i``)."""
-        won = tf.equal(self.rows, tf.range(tf.size(self.rows, out_type=tf.int64)) + base)
         won_left = tf.equal(self.left_rows, self.left + base)
-        return sum(tf.reduce_sum(tf.cast(x, tf.int64)) for x in (won, won_left))
+        return self.won + tf.reduce_sum(tf.cast(won_left, tf.int64))
 
     def merged(self) -> tuple[tf.Tensor, tf.Tensor]:
         """``(slots, rows)`` of every key."""
@@ -116,29 +116,28 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         """:meth:`probe` claiming, every key left to the loop."""
         n = _count(keys)
         none = tf.fill(tf.reshape(n, [1]), tf.constant(EMPTY, tf.int64))
-        return (none, none, tf.range(n), *self.probe(keys, True, tokens=base))
+        got = self.probe(keys, True, tokens=base)
+        return (none, none, tf.range(n), *got, tf.constant(0, tf.int64))
 
     def _claim_compiled(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """:func:`~._index.first_race` with the tokens ``base + i``, then the probe loop
         for the keys left."""
         tokens = tf.range(_count(keys)) + base
-        found, stop, start, won = self._first_race(keys, tokens)
-        hit = found >= 0
-        slots = tf.where(tf.logical_or(hit, won), stop, -1)
-        rows = tf.where(hit, found, tf.where(won, tokens, EMPTY))
+        rows, slots, start, counts = self._first_race(keys, tokens)
         left = tf.where(start >= 0)[:, 0]
         got = tf.cond(
             _count(left) > 0,
             lambda: self._race_loop(tf.gather(keys, left), tf.gather(start, left), left + base),
             lambda: (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64)),
         )
-        return (slots, rows, left, *got)
+        return (slots, rows, left, *got, counts[0])
 
     def _first_race(self, keys: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """:func:`~._index.first_race` on the batch padded to its size class."""
         n = _count(keys)
         race = first_race[self.t.serial_scatter]
-        return tuple(x[:n] for x in race(self.t.index.handle, *padded(n, keys, tokens), n))
+        *got, counts = race(self.t.index.handle, *padded(n, keys, tokens), n)
+        return (*(x[:n] for x in got), counts)
 
     # -- probing -----------------------------------------------------------------------
     def probe(
@@ -289,10 +288,9 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
     def _place_compiled(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """:func:`~._index.first_race` with the rows as tokens, then :meth:`_place_raced`
         for the keys left."""
-        found, _, start, _ = self._first_race(keys, rows)
+        _, _, start, counts = self._first_race(keys, rows)
         left = tf.where(start >= 0)[:, 0]
-        present = tf.reduce_sum(tf.cast(found >= 0, tf.int64))
-        return present + tf.cond(
+        return counts[1] + tf.cond(
             _count(left) > 0,
             lambda: self._place_raced(*(tf.gather(x, left) for x in (keys, rows, start))),
             lambda: tf.constant(0, tf.int64),

@@ -60,34 +60,36 @@ class RaceOps:
         self, keys: tf.Tensor, tokens: tf.Tensor, start: tf.Tensor
     ) -> tuple[tf.Tensor, ...]:
         """:data:`~._index.race_from` over every key, chunk after chunk of
-        :data:`~._index.CHUNK` keys (the last one padded): ``(rows, stop, start, won)``
-        as :func:`~._index.first_race` gives them, for keys probing from ``start``."""
+        :data:`~._index.CHUNK` keys (the last one padded): ``(rows, slots, start,
+        counts)`` as :func:`~._index.first_race` gives them, for keys probing from
+        ``start``."""
         n = _count(keys)
         chunks = tf.cast((n + CHUNK - 1) // CHUNK, tf.int32)
         pad = tf.zeros(tf.reshape(tf.cast(chunks, tf.int64) * CHUNK - n, [1]), tf.int64)
         keys, tokens, start = (tf.concat([x, pad], 0) for x in (keys, tokens, start))
         race = race_from[self.t.serial_scatter]
-        outs = [
-            tf.TensorArray(dtype, size=chunks, element_shape=[CHUNK])
-            for dtype in (tf.int64, tf.int64, tf.int64, tf.bool)
-        ]
+        outs = [tf.TensorArray(tf.int64, size=chunks, element_shape=[CHUNK]) for _ in range(3)]
 
-        def body(j: tf.Tensor, *outs: tf.TensorArray) -> tuple[Any, ...]:
+        def body(j: tf.Tensor, counts: tf.Tensor, *outs: tf.TensorArray) -> tuple[Any, ...]:
             at = tf.cast(j, tf.int64) * CHUNK
-            got = race(
+            *got, more = race(
                 self.t.index.handle,
                 keys[at : at + CHUNK],
                 tokens[at : at + CHUNK],
                 tf.minimum(n - at, CHUNK),
                 start[at : at + CHUNK],
             )
-            return (j + 1, *(out.write(j, x) for out, x in zip(outs, got, strict=True)))
+            written = (out.write(j, x) for out, x in zip(outs, got, strict=True))
+            return (j + 1, counts + more, *written)
 
         # One chunk after the other: each race reads the slots the ones before claimed.
         loop = tf.while_loop(
-            lambda j, *_: j < chunks, body, (tf.constant(0), *outs), parallel_iterations=1
+            lambda j, *_: j < chunks,
+            body,
+            (tf.constant(0), tf.zeros([2], tf.int64), *outs),
+            parallel_iterations=1,
         )
-        return tuple(out.concat()[:n] for out in loop[1:])
+        return (*(out.concat()[:n] for out in loop[2:]), loop[1])
 
     def _race_loop(
         self, keys: tf.Tensor, start: tf.Tensor, tokens: tf.Tensor
@@ -96,10 +98,10 @@ class RaceOps:
         compiled rounds and race of :meth:`_race_chunks` over every key left."""
 
         def body(step, idx, ks, tk, pos, found, found_at):
-            rows, stop, going_on, won = self._race_chunks(ks, tk, pos)
+            rows, slots, going_on, _ = self._race_chunks(ks, tk, pos)
             done_at = tf.where(going_on < 0)[:, 0]
             found = found.write(step, tf.gather(idx, done_at))
-            at = [tf.gather(stop, done_at), tf.gather(tf.where(won, tk, rows), done_at)]
+            at = [tf.gather(slots, done_at), tf.gather(rows, done_at)]
             found_at = found_at.write(step, tf.stack(at, axis=1))
             keep = tf.where(going_on >= 0)[:, 0]
             kept = [tf.gather(x, keep) for x in (idx, ks, tk, going_on)]
@@ -113,9 +115,9 @@ class RaceOps:
         their own key (present, or repeated in ``keys``)."""
 
         def body(ks, rs, pos, repeated):
-            found, _, going_on, _ = self._race_chunks(ks, rs, pos)
+            _, _, going_on, counts = self._race_chunks(ks, rs, pos)
             keep = tf.where(going_on >= 0)[:, 0]
-            repeated += tf.reduce_sum(tf.cast(found >= 0, tf.int64))
+            repeated += counts[1]
             return (*(tf.gather(x, keep) for x in (ks, rs, going_on)), repeated)
 
         return tf.while_loop(
