@@ -263,8 +263,7 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         Keys race for empty slots with their row ids; every loser moves on. Returns how many
         keys broke the precondition (present already, or repeated in ``keys``: the slot
         they lost, or passed, holds their own key); those are not placed. Big batches start
-        with :func:`~._index.first_race`, like big inserts, and race the keys left in
-        compiled chunks (:meth:`_place_raced`).
+        with :func:`~._index.first_race`, like big inserts.
         """
         return tf.cond(
             _count(keys) >= COMPILED_MIN_KEYS,
@@ -273,26 +272,21 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         )
 
     def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-        """:meth:`place` from each key's home slot, without the race of
-        :func:`~._index.first_race` (a rehash: its batches have every size, and the race
-        compiles for each size class). Big batches race in compiled chunks."""
-
-        def chunked() -> tf.Tensor:
-            return self._place_raced(keys, rows, tf.fill(tf.shape(keys), tf.constant(-1, tf.int64)))
-
-        def in_loop() -> tf.Tensor:
-            return self._place_loop(keys, rows, home_slots(keys, variable_length(self.t.index) - 1))
-
-        return tf.cond(_count(keys) >= COMPILED_MIN_KEYS, chunked, in_loop)
+        """:meth:`place` in the probe loop only, from each key's home slot (a rehash: its
+        batches have every size, and a compiled race compiles for each). Racing its keys in
+        compiled chunks, as big inserts do, made growing to 10M keys 10% faster, but every
+        kernel that may rehash 0.35 s slower to trace (a restore pays that)."""
+        home = home_slots(keys, variable_length(self.t.index) - 1)
+        return self._place_loop(keys, rows, home)
 
     def _place_compiled(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-        """:func:`~._index.first_race` with the rows as tokens, then :meth:`_place_raced`
-        for the keys left."""
+        """:func:`~._index.first_race` with the rows as tokens, then the loop for the keys
+        left."""
         _, _, start, counts = self._first_race(keys, rows)
         left = tf.where(start >= 0)[:, 0]
         return counts[1] + tf.cond(
             _count(left) > 0,
-            lambda: self._place_raced(*(tf.gather(x, left) for x in (keys, rows, start))),
+            lambda: self._place_loop(*(tf.gather(x, left) for x in (keys, rows, start))),
             lambda: tf.constant(0, tf.int64),
         )
 

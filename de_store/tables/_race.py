@@ -109,24 +109,6 @@ class RaceOps:
 
         return probe_rounds(body, [keys, tokens, start])
 
-    def _place_raced(self, keys: tf.Tensor, rows: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
-        """The loop of :meth:`~._probe.TableOps.place` in chunked compiled races, the rows
-        as tokens, from ``start`` (home slots where negative). Returns how many keys met
-        their own key (present, or repeated in ``keys``)."""
-
-        def body(ks, rs, pos, repeated):
-            _, _, going_on, counts = self._race_chunks(ks, rs, pos)
-            keep = tf.where(going_on >= 0)[:, 0]
-            repeated += counts[1]
-            return (*(tf.gather(x, keep) for x in (ks, rs, going_on)), repeated)
-
-        return tf.while_loop(
-            lambda ks, *_: _count(ks) > 0,
-            body,
-            (keys, rows, start, tf.constant(0, tf.int64)),
-            shape_invariants=(*(tf.TensorShape([None]),) * 3, tf.TensorShape([])),
-        )[3]
-
     def _tokens_as_rows(
         self, keys: tf.Tensor, base: tf.Tensor, claims: Claims, num_fresh: tf.Tensor
     ) -> tf.Tensor:
