@@ -120,8 +120,8 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         return (none, none, tf.range(n), *got, tf.constant(0, tf.int64))
 
     def _claim_compiled(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        """:func:`~._index.first_race` with the tokens ``base + i``, then the probe loop
-        for the keys left."""
+        """:func:`~._index.first_race` with the tokens ``base + i``, then
+        :meth:`_race_loop` for the keys left."""
         tokens = tf.range(_count(keys)) + base
         rows, slots, start, counts = self._first_race(keys, tokens)
         left = tf.where(start >= 0)[:, 0]
@@ -348,9 +348,7 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         t = self.t
         n = _count(keys)
         self.reserve(n)
-        # Key ``i`` claims with the token ``base + i``, the row it gets when every key of the
-        # batch is new and no freed row waits: the claims then wrote the final entries.
-        # (Rows held now are below ``base``.)
+        # Key ``i`` claims with the token ``base + i`` (rows held now are below ``base``).
         base = t.next_row.read_value()
         claims = self.find_or_claim(keys, base)
         num_fresh = claims.count_fresh(base)
