@@ -103,20 +103,29 @@ class _Candidate:
         return -1  # not observable from Python
 
 
-def _measure(
-    kind: str, keys: np.ndarray, missing: np.ndarray, values: np.ndarray, batch: int
-) -> dict[str, float]:
-    dim = values.shape[1]
-    candidate = _Candidate(kind, len(keys), dim)
-    warm = tf.constant(keys[:16])
-    candidate.insert(warm, tf.constant(values[:16]))
+class _Batches:
+    """The keys to insert and the missing keys, in batches, and one batch of values that
+    every insert takes (sliced for a shorter last batch): built once, for every table."""
+
+    def __init__(self, keys: np.ndarray, missing: np.ndarray, values: np.ndarray, batch: int):
+        splits = range(0, len(keys), batch)
+        self.count, self.dim = len(keys), values.shape[1]
+        self.keys = [tf.constant(keys[s : s + batch]) for s in splits]
+        self.missing = [tf.constant(missing[s : s + batch]) for s in splits]
+        self.values = tf.constant(values)
+
+    def values_for(self, keys: tf.Tensor) -> tf.Tensor:
+        n = int(keys.shape[0])
+        return self.values if n == int(self.values.shape[0]) else self.values[:n]
+
+
+def _measure(kind: str, batches: _Batches) -> dict[str, float]:
+    candidate = _Candidate(kind, batches.count, batches.dim)
+    warm = batches.keys[0][:16]
+    candidate.insert(warm, batches.values[:16])
     candidate.lookup(warm)
-    splits = range(0, len(keys), batch)
-    key_batches = [tf.constant(keys[s : s + batch]) for s in splits]
-    value_batches = [tf.constant(values[: len(k)]) for k in key_batches]
-    miss_batches = [tf.constant(missing[s : s + batch]) for s in splits]
-    pairs = iter(value_batches)
-    result = {"insert": _timed(key_batches, lambda k: candidate.insert(k, next(pairs)))}
+    key_batches, miss_batches = batches.keys, batches.missing
+    result = {"insert": _timed(key_batches, lambda k: candidate.insert(k, batches.values_for(k)))}
     # One untimed lookup of a full batch: XLA compiles our first probe rounds once per
     # index capacity and batch size class, as a training loop does on its first step.
     candidate.lookup(key_batches[0])
@@ -125,8 +134,8 @@ def _measure(
     result["lookup_to_host"] = _timed(key_batches, candidate.lookup, to_host=True)
     start = time.perf_counter()
     _wait(candidate.export(), to_host=True)  # an export is read on the host
-    result["export"] = len(keys) / (time.perf_counter() - start)
-    result["table_bytes"] = candidate.table_bytes(len(keys))
+    result["export"] = batches.count / (time.perf_counter() - start)
+    result["table_bytes"] = candidate.table_bytes(batches.count)
     return result
 
 
@@ -174,9 +183,10 @@ def main() -> None:
     values = rng.random((min(args.batch, args.keys), args.dim), dtype=np.float32)
     report: dict[str, object] = {"keys": args.keys, "dim": args.dim, "batch": args.batch}
     report["rounds"] = args.rounds
+    batches = _Batches(keys, missing, values, args.batch)
     for round_ in range(args.rounds):
         for kind in ("ours", "ours_presized", "mutable_hash_table", "dense_hash_table"):
-            result = _measure(kind, keys, missing, values, args.batch)
+            result = _measure(kind, batches)
             print(
                 f"round {round_ + 1}",
                 kind,
