@@ -99,7 +99,6 @@ class Kernels:
             state = State(*map(handle_variable, handles, self._variable_specs()))
             return getattr(TableOps(View(self.config, state), self), name)(*args)
 
-        kernel.__name__ = name
         keys = tf.TensorSpec([None], tf.int64)
         rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
         count = tf.TensorSpec([], tf.int64)
@@ -114,7 +113,13 @@ class Kernels:
         }
         handles = tuple(tf.TensorSpec([], tf.resource) for _ in State._fields)
         signature = [handles, *args.get(name, [keys, rows])]
-        return tf.function(kernel, autograph=False, input_signature=signature)
+        # TensorFlow counts the traces of a function under its Python code object, which
+        # every kernel of every config shares: their first (and only) traces would read as
+        # one function retracing and log its warning. A partial has no code of its own, so
+        # each kernel is counted under its own object.
+        own = functools.partial(kernel)
+        own.__name__ = name  # type: ignore[attr-defined]
+        return tf.function(own, autograph=False, input_signature=signature)
 
     def _variable_specs(self) -> list[tf.TensorSpec]:
         rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)

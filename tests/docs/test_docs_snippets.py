@@ -1,5 +1,7 @@
 """Every ```python block of README.md and docs/*.md runs, and docs/cli.md covers the command.
 
+The blocks must not make TensorFlow warn about retracing a ``tf.function``.
+
 The blocks of one file run in order in one fresh process (one ``import tensorflow`` per
 file), each in its own namespace, from a temporary working directory. Blocks that are not
 meant to run carry another tag (```bash, ```text, ```py).
@@ -46,6 +48,9 @@ def test_python_snippets_run(page: Path, tmp_path: Path) -> None:
         env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin", **_python_env()},
     )
     assert result.returncode == 0, result.stderr[-4000:]
+    # TensorFlow logs this through Python's logging whatever TF_CPP_MIN_LOG_LEVEL says
+    retraced = [line for line in result.stderr.splitlines() if "triggered tf.function" in line]
+    assert retraced == [], retraced
 
 
 def _python_env() -> dict[str, str]:
