@@ -38,19 +38,39 @@ def python_blocks(page: Path) -> list[str]:
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
 def test_python_snippets_run(page: Path, tmp_path: Path) -> None:
     blocks = python_blocks(page)
-    script = f"PAGE = {page.name!r}\nBLOCKS = {blocks!r}\n{_RUNNER}"
-    result = subprocess.run(
+    result = run_python(f"PAGE = {page.name!r}\nBLOCKS = {blocks!r}\n{_RUNNER}", tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    # TensorFlow logs this through Python's logging whatever TF_CPP_MIN_LOG_LEVEL says
+    retraced = [line for line in result.stderr.splitlines() if "triggered tf.function" in line]
+    assert retraced == [], retraced
+
+
+def test_readme_shard_snippet_reads_the_demo_checkpoint(tmp_path: Path) -> None:
+    """Pointed at the demo's checkpoint, as its comment says, it prints the demo's rows."""
+    (block,) = [b for b in python_blocks(ROOT / "README.md") if "pyarrow" in b]
+    demo = "de_store_demo/de_store/ckpt-2"  # what `de-store demo` writes, at step 2
+    assert "sample_checkpoint()" in block and "de_store_demo/de_store/ckpt-200" in block
+    script = (
+        "from de_store.demo import run\n"
+        "assert run('de_store_demo', steps=2, ids=1000, say=lambda line: None)\n"
+        "print('--- snippet')\n"
+    ) + block.replace("sample_checkpoint()", repr(demo))
+    result = run_python(script, tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    printed = result.stdout.split("--- snippet\n")[1]
+    assert printed.startswith("ctr_weights 1000 key: int64"), printed
+
+
+def run_python(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh interpreter in ``cwd``, TensorFlow's C++ logs off."""
+    return subprocess.run(
         [sys.executable, "-c", script],
-        cwd=tmp_path,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
         env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin", **_python_env()},
     )
-    assert result.returncode == 0, result.stderr[-4000:]
-    # TensorFlow logs this through Python's logging whatever TF_CPP_MIN_LOG_LEVEL says
-    retraced = [line for line in result.stderr.splitlines() if "triggered tf.function" in line]
-    assert retraced == [], retraced
 
 
 def _python_env() -> dict[str, str]:
