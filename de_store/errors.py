@@ -62,3 +62,12 @@ class BarrierTimeoutError(CheckpointError, TimeoutError):
 
 class VariableError(DeStoreError, ValueError):
     """A ``de_store.Variable`` was created or called with a bad device, dim, dtype or shape."""
+
+
+class DestinationError(BackendError):
+    """A checkpoint cannot be written where it is aimed: a file is in the way, the folder
+    cannot be written, or the bucket does not take the object written to test it."""
+
+
+class StorageUnreachableError(BackendError, ConnectionError):
+    """The storage server of a URL cannot be reached (no network, or a wrong endpoint)."""

@@ -23,9 +23,10 @@ from de_store.backends import Backend, open_backend
 from de_store.errors import BarrierTimeoutError, CheckpointError
 from de_store.formats import FORMATS
 from de_store.progress import Progress, progress_for
-from de_store.saver import incremental, shards
+from de_store.saver import events, incremental, shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
 from de_store.saver.chain import parent_reference, resolve_chain
+from de_store.saver.destination import check_destination
 from de_store.saver.commit import (
     ABORT_NAME,
     RANKS_DIR,
@@ -133,6 +134,8 @@ def save_checkpoint(
     Returns the committed manifest: rank 0 always, other ranks when some rows were taken
     for incremental saves (``VariableRows.mark``; they read it after the commit).
     """
+    start = time.perf_counter()
+    check_destination(backend, name)  # a file in the way, a folder not writable: fail now
     parent = _parent_of(variables, backend, name)
     strategy = commit_strategy(backend, name, job_token(topology, job_id), options.retry)
     if topology.is_chief:
@@ -145,9 +148,12 @@ def save_checkpoint(
         manifest_path = _rank_manifest_path(strategy, topology.proc_rank)
         staging = backend.sub(strategy.staging)
         rank_manifest = write_rank(variables, staging, topology, options, manifest_path, parent)
+        events.rank_saved(strategy.where, topology, rank_manifest, start)
         barrier.wait("shards-written", options.barrier_timeout_s)
         if topology.is_chief:
-            return _merge_and_commit(strategy, topology, rank_manifest, metadata)
+            committed = _merge_and_commit(strategy, topology, rank_manifest, metadata)
+            events.committed(strategy.where, committed, start)
+            return committed
     except BaseException as err:
         if topology.is_chief:
             strategy.abort(f"rank 0 failed before commit: {err!r}")
@@ -344,6 +350,7 @@ def restore_checkpoint(
     the full link replaces the tables' content and each delta applies in order. Afterwards
     each variable's next incremental save is a delta on this checkpoint.
     """
+    start = time.perf_counter()
     folder, manifest = options.retry.call(lambda: read_manifest(backend, name))
     where = f"{backend.url.rstrip('/')}/{name}"
     chains = [_chain_of(backend, name, folder, manifest, v.name, options) for v in variables]
@@ -359,6 +366,9 @@ def restore_checkpoint(
     for variable, chain, links in zip(variables, chains, loaded, strict=True):
         _apply_chain(variable, [entry for _, entry in chain], links)
         incremental.record_restore(variable, where, manifest, [entry for _, entry in chain])
+    rows = sum(r.rows for links in loaded for link_rows, _ in links for r in link_rows)
+    size = sum(entry.bytes for chain in chains for _, entry in chain)
+    events.restored(where, topology, rows, max(map(len, chains), default=0), size, start)
     return manifest
 
 

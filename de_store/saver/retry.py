@@ -5,11 +5,13 @@ The saver retries whole steps that can be repeated without effect: writing one s
 manifest or shard. A partially written stream is never resumed. A write-once step (the
 commit marker) that failed ambiguously is retried only through :func:`write_once_checked`,
 which first looks whether its own content landed, so a checkpoint is never committed twice.
+Each retry logs a WARNING under ``de_store.saver.retry`` naming its cause.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from de_store.backends.base import Backend
 from de_store.errors import (
     AlreadyExistsError,
     BackendError,
+    DestinationError,
     MissingDependencyError,
     StorageNotFoundError,
     UnknownProtocolError,
@@ -26,12 +29,15 @@ from de_store.errors import (
 
 T = TypeVar("T")
 
+logger = logging.getLogger(__name__)
+
 #: Causes that retrying cannot fix (missing file, bad credentials, wrong kind of path).
 _PERMANENT_CAUSES = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError,
                      NotADirectoryError)  # fmt: skip
 _PERMANENT_ERRORS = (
     StorageNotFoundError,
     AlreadyExistsError,
+    DestinationError,
     MissingDependencyError,
     UnknownProtocolError,
 )
@@ -70,12 +76,26 @@ class RetryPolicy:
             except Exception as err:
                 if attempt == self.attempts or not is_transient(err):
                     raise
-            time.sleep(delay * random.uniform(0.5, 1.0))
+                wait = delay * random.uniform(0.5, 1.0)
+                _log_retry(err, attempt, self.attempts, wait)
+            time.sleep(wait)
             delay = min(2 * delay, self.max_backoff_s)
         raise AssertionError("unreachable")
 
 
 NO_RETRY = RetryPolicy(attempts=1)
+
+
+def _log_retry(err: Exception, attempt: int, attempts: int, wait: float) -> None:
+    cause = str(err).splitlines()[0] if str(err) else ""
+    logger.warning(
+        "storage step failed (try %d of %d), retrying in %.2f s: %s: %s",
+        attempt,
+        attempts,
+        wait,
+        type(err).__name__,
+        cause,
+    )
 
 
 def is_transient(err: BaseException) -> bool:
