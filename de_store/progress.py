@@ -1,17 +1,19 @@
-"""A dependency-free progress bar for long operations (verify, convert, the demo).
+"""Progress bars for long operations (save, restore, verify, convert), drawn by ``rich``.
 
 Callers report work done with :meth:`Progress.update`; :data:`NO_PROGRESS` is the no-op
-default (as fsspec's ``NoOpCallback``). A bar draws on a terminal only.
+default (as fsspec's ``NoOpCallback``). A bar shows the share done, the amount, the rate
+and the time left, on a terminal only; ``rich`` (a dependency of keras) is imported only
+when a bar is drawn.
 """
 
 from __future__ import annotations
 
 import sys
-import time
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-_WIDTH = 28
-_REDRAW_S = 0.1
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 
 class Progress:
@@ -19,10 +21,11 @@ class Progress:
 
     Parameters
     ----------
-    total: units of work (bytes, rows) expected in all.
+    total: units of work (bytes, rows, shards) expected in all; may be set later.
     label: what is being done, shown before the bar.
     enabled: draw the bar; see :func:`progress_for` for the usual choice.
-    unit: "B" to show sizes in MB, anything else to show counts.
+    unit: "B" to show sizes (kB, MB, ...) and a rate in bytes per second; any other unit
+        (e.g. "rows") is shown after counts and rates.
     stream: where to draw (stderr by default).
     """
 
@@ -35,23 +38,38 @@ class Progress:
         unit: str = "B",
         stream: TextIO | None = None,
     ) -> None:
-        self.total, self.label, self.enabled, self.unit = max(total, 0), label, enabled, unit
+        self.label, self.enabled, self.unit = label, enabled, unit
         self.done = 0
-        self._stream = stream or sys.stderr
-        self._drawn = 0.0
+        self._total = max(total, 0)
+        self._stream = stream
+        self._bar: RichProgress | None = None
+        self._task: TaskID | None = None
+
+    @property
+    def total(self) -> int:
+        """Units of work expected in all."""
+        return self._total
+
+    @total.setter
+    def total(self, value: int) -> None:
+        self._total = max(value, 0)
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, total=self._total)
 
     def update(self, amount: int) -> None:
         """Count ``amount`` more units done."""
         self.done += amount
-        if self.enabled and time.monotonic() - self._drawn >= _REDRAW_S:
-            self._draw()
+        if self.enabled:
+            bar, task = self._started()
+            bar.update(task, completed=self.done)
 
     def close(self) -> None:
-        """Draw the final state and end the line."""
+        """Draw the final state and stop drawing."""
         if self.enabled:
-            self._draw()
-            self._stream.write("\n")
-            self._stream.flush()
+            bar, task = self._started()
+            bar.update(task, completed=self.done, total=self._total or self.done)
+            bar.stop()
+            self._bar = None
 
     def __enter__(self) -> Progress:
         return self
@@ -59,19 +77,63 @@ class Progress:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _amount(self, n: int) -> str:
-        return f"{n / 1e6:.1f} MB" if self.unit == "B" else f"{n:,}"
+    def _started(self) -> tuple[RichProgress, TaskID]:
+        if self._bar is None or self._task is None:
+            self._bar = _rich_bar(self.unit, self._stream or sys.stderr)
+            self._task = self._bar.add_task(self.label, total=self._total)
+            self._bar.start()
+        return self._bar, self._task
 
-    def _draw(self) -> None:
-        self._drawn = time.monotonic()
-        share = min(1.0, self.done / self.total) if self.total else 1.0
-        filled = int(share * _WIDTH)
-        bar = "#" * filled + "." * (_WIDTH - filled)
-        self._stream.write(
-            f"\r{self.label} [{bar}] {share:4.0%} {self._amount(self.done)}"
-            f" / {self._amount(self.total)}"
-        )
-        self._stream.flush()
+
+def _rich_bar(unit: str, stream: TextIO) -> RichProgress:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, TaskProgressColumn, TextColumn
+    from rich.progress import Progress as RichProgress
+
+    amount = DownloadColumn() if unit == "B" else TextColumn(_count_format(unit))
+    return RichProgress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        amount,
+        *_rate_and_eta_columns(unit),
+        console=Console(file=stream),
+        redirect_stdout=False,  # a background save must not swap the process's streams
+        redirect_stderr=False,
+    )
+
+
+def _count_format(unit: str) -> str:
+    return "{task.completed:,.0f}/{task.total:,.0f} " + unit.replace("{", "{{")
+
+
+def _rate_and_eta_columns(unit: str) -> list[Any]:
+    """The average rate since the start (``1.2 MB/s``, ``3,400 rows/s``) and the time left
+    at that rate (``ETA 0:01:05``)."""
+    from rich.filesize import decimal
+    from rich.progress import ProgressColumn, Task
+    from rich.text import Text
+
+    def rate_of(task: Task) -> float | None:
+        elapsed = task.finished_time or task.elapsed
+        return task.completed / elapsed if elapsed and task.completed else None
+
+    class Rate(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            rate = rate_of(task)
+            if rate is None:
+                return Text(f"? {unit}/s")
+            return Text(f"{decimal(int(rate))}/s" if unit == "B" else f"{rate:,.0f} {unit}/s")
+
+    class Eta(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            rate = rate_of(task)
+            if not task.total or rate is None:
+                return Text("ETA -:--:--")
+            seconds = int(max(task.total - task.completed, 0) / rate)
+            return Text(f"ETA {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}")
+
+    return [Rate(), Eta()]
 
 
 #: Reports nothing; the default where no progress is wanted.
