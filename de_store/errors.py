@@ -64,6 +64,10 @@ class VariableError(DeStoreError, ValueError):
     """A ``de_store.Variable`` was created or called with a bad device, dim, dtype or shape."""
 
 
+class SaveInterruptedError(CheckpointError):
+    """A save was interrupted (``KeyboardInterrupt``) before its commit; nothing committed."""
+
+
 class DestinationError(BackendError):
     """A checkpoint cannot be written where it is aimed: a file is in the way, the folder
     cannot be written, or the bucket does not take the object written to test it."""

@@ -61,17 +61,25 @@ class CommitStrategy(abc.ABC):
         saves (jobs) different ones; "" for a job without one (the shared legacy folders).
     retry:
         How storage steps of the commit are retried.
+    save_id:
+        The identity of this save attempt (random when not given): the content of the lock
+        it takes, of its ``ABORT`` record and the ``save_id`` of its commit record.
     """
 
     def __init__(
-        self, backend: Backend, name: str, token: str = "", retry: RetryPolicy = NO_RETRY
+        self,
+        backend: Backend,
+        name: str,
+        token: str = "",
+        retry: RetryPolicy = NO_RETRY,
+        save_id: str | None = None,
     ) -> None:
         self.backend = backend
         self.name = name.strip("/")
         self.token = token
         self.retry = retry
-        #: Unique per save and rank; the content of the lock this save takes.
-        self.save_id = uuid.uuid4().hex
+        #: This save attempt's identity: every rank of one attempt holds the same one.
+        self.save_id = save_id or uuid.uuid4().hex
 
     @property
     @abc.abstractmethod
@@ -108,9 +116,22 @@ class CommitStrategy(abc.ABC):
         return commit_record(self.backend, self.name)
 
     def abort(self, reason: str) -> None:
-        """Record why the save failed, so waiting ranks stop with that reason."""
+        """Record why this save attempt failed, so its waiting ranks stop with that reason."""
         path = self.backend.join(self.work, ABORT_NAME)
-        self.retry.call(lambda: self.backend.write_bytes(path, reason.encode()))
+        data = json.dumps({"save_id": self.save_id, "reason": reason}).encode()
+        self.retry.call(lambda: self.backend.write_bytes(path, data))
+
+    def aborted(self) -> str | None:
+        """Why this save attempt failed, once rank 0 recorded it; None before (an ``ABORT``
+        of another attempt of the same job is not this attempt's)."""
+        path = self.backend.join(self.work, ABORT_NAME)
+        try:
+            record = json.loads(self.backend.read_bytes(path))
+        except (FileNotFoundError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("save_id") != self.save_id:
+            return None
+        return str(record.get("reason"))
 
     @property
     def where(self) -> str:
@@ -271,12 +292,16 @@ class MarkerCommit(CommitStrategy):
 
 
 def commit_strategy(
-    backend: Backend, name: str, token: str = "", retry: RetryPolicy = NO_RETRY
+    backend: Backend,
+    name: str,
+    token: str = "",
+    retry: RetryPolicy = NO_RETRY,
+    save_id: str | None = None,
 ) -> CommitStrategy:
     """The commit strategy the backend's capabilities call for."""
     if backend.capabilities.supports_atomic_rename:
-        return RenameCommit(backend, name, token, retry)
-    return MarkerCommit(backend, name, token, retry)
+        return RenameCommit(backend, name, token, retry, save_id)
+    return MarkerCommit(backend, name, token, retry, save_id)
 
 
 # --- reading committed checkpoints ------------------------------------------------------
@@ -300,6 +325,15 @@ def parse_commit_record(data: bytes) -> dict[str, object]:
     if record.get("record_crc32c") != _record_crc(fields):
         raise ValueError("record_crc32c does not match the record's content")
     return fields
+
+
+def record_save_id(record: bytes | None) -> str | None:
+    """The ``save_id`` of the save that wrote a commit record (None: no record, a record
+    without one, or a damaged one)."""
+    try:
+        return str(parse_commit_record(record)["save_id"]) if record else None
+    except (ValueError, KeyError):
+        return None
 
 
 def commit_record(backend: Backend, folder: str) -> bytes | None:

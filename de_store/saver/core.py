@@ -14,13 +14,14 @@ import dataclasses
 import functools
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from de_store.backends import Backend, open_backend
-from de_store.errors import BarrierTimeoutError, CheckpointError
+from de_store.errors import BarrierTimeoutError, CheckpointError, SaveInterruptedError
 from de_store.formats import FORMATS
 from de_store.progress import Progress, progress_for
 from de_store.saver import events, incremental, shards
@@ -28,12 +29,11 @@ from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
 from de_store.saver.chain import parent_reference, resolve_chain
 from de_store.saver.destination import check_destination
 from de_store.saver.commit import (
-    ABORT_NAME,
     RANKS_DIR,
     CommitStrategy,
-    commit_record,
     commit_strategy,
     read_manifest,
+    record_save_id,
 )
 from de_store.saver.manifest import (
     Manifest,
@@ -128,29 +128,38 @@ def save_checkpoint(
     barrier: Barrier | None = None,
     metadata: dict[str, Any] | None = None,
     job_id: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> Manifest | None:
     """Write this rank's rows and, once all ranks have, commit the checkpoint ``name``.
+
+    Every attempt of a save has its own identity (the ``save_id`` rank 0 draws): the ranks
+    agree on it before anything is written, write their rank manifests under it, and rank
+    0 merges only the rank manifests of its attempt, never those an earlier (crashed)
+    attempt of the same job left. ``cancel`` set stops the save before its commit with
+    :class:`SaveInterruptedError` (checked before each shard file and before the commit).
 
     Returns the committed manifest: rank 0 always, other ranks when some rows were taken
     for incremental saves (``VariableRows.mark``; they read it after the commit).
     """
+    where = f"{backend.url.rstrip('/')}/{name.strip('/')}"
+    check_unique_names([rows.name for rows in variables], where)
     start = time.perf_counter()
     check_destination(backend, name)  # a file in the way, a folder not writable: fail now
     parent = _parent_of(variables, backend, name)
     strategy = commit_strategy(backend, name, job_token(topology, job_id), options.retry)
     if topology.is_chief:
         strategy.begin()  # nothing written yet: a refused save must not ABORT the other one
-        before = None
-    else:
-        before = options.retry.call(strategy.committed_state)
     barrier = barrier or StorageBarrier(backend, strategy.work, topology, options.retry)
     try:
+        before = _join_attempt(barrier, strategy, topology, options)
         manifest_path = _rank_manifest_path(strategy, topology.proc_rank)
         staging = backend.sub(strategy.staging)
-        rank_manifest = write_rank(variables, staging, topology, options, manifest_path, parent)
+        rank_manifest = write_rank(variables, staging, topology, options, manifest_path, parent,
+                                   cancel=cancel)  # fmt: skip
         events.rank_saved(strategy.where, topology, rank_manifest, start)
-        barrier.wait("shards-written", options.barrier_timeout_s)
+        barrier.wait(f"shards-written-{strategy.save_id}", options.barrier_timeout_s)
         if topology.is_chief:
+            _check_cancel(cancel, strategy.where)
             committed = _merge_and_commit(strategy, topology, rank_manifest, metadata)
             events.committed(strategy.where, committed, start)
             return committed
@@ -158,10 +167,63 @@ def save_checkpoint(
         if topology.is_chief:
             strategy.abort(f"rank 0 failed before commit: {err!r}")
         raise
-    _wait_for_commit(strategy, topology, options.barrier_timeout_s, before)
+    _wait_for_commit(strategy, topology, options.barrier_timeout_s, before, cancel)
     if all(rows.mark is None for rows in variables):
         return None
     return options.retry.call(lambda: read_manifest(backend, name))[1]
+
+
+def check_unique_names(names: Sequence[str], where: str, paths: Sequence[str] = ()) -> None:
+    """Refuse two variables of one name in one checkpoint: one's rows would replace the
+    other's. ``paths`` name the variables (TF checkpoint paths); positions when not given.
+
+    Raises
+    ------
+    ValueError
+        Two variables share a name; the message names both.
+    """
+    first: dict[str, int] = {}
+    for index, name in enumerate(names):
+        if name not in first:
+            first[name] = index
+            continue
+        which = [paths[i] if paths else f"variables[{i}]" for i in (first[name], index)]
+        raise ValueError(
+            f"cannot save {where}: {which[0]} and {which[1]} are both named {name!r}; the "
+            "variables of one checkpoint need distinct names (give each its own name=)"
+        )
+
+
+def _join_attempt(
+    barrier: Barrier, strategy: CommitStrategy, topology: Topology, options: IOOptions
+) -> bytes | None:
+    """Agree on rank 0's ``save_id`` (this attempt's identity) before anything is written.
+
+    Returns the commit record a non-chief rank waits to see replaced, read once rank 0 has
+    begun the save (None on rank 0 and for a single process).
+    """
+    if topology.proc_size == 1:
+        return None
+    try:
+        strategy.save_id = barrier.agree("attempt", strategy.save_id, options.barrier_timeout_s)
+    except BarrierTimeoutError as err:
+        if topology.is_chief:
+            raise
+        raise BarrierTimeoutError(
+            f"rank {topology.proc_rank}: rank 0 did not commit {strategy.where}: it never "
+            f"started this save with this rank ({err})"
+        ) from err
+    if topology.is_chief:
+        return None
+    return options.retry.call(strategy.committed_state)
+
+
+def _check_cancel(cancel: threading.Event | None, where: str) -> None:
+    if cancel is not None and cancel.is_set():
+        raise SaveInterruptedError(
+            f"save of {where} was interrupted (KeyboardInterrupt) before its commit; "
+            "nothing was committed"
+        )
 
 
 def _parent_of(
@@ -229,18 +291,22 @@ def write_rank(
     options: IOOptions,
     manifest_path: str,
     parent: tuple[str | None, float | None] = (None, None),
+    *,
+    cancel: threading.Event | None = None,
 ) -> RankManifest:
     """Write every shard of this rank under ``backend`` (the staging folder), then its rank
     manifest at ``manifest_path``. Shard paths are relative to the checkpoint folder, so a
     rename keeps them. Each shard file is one retried step (a new file name per attempt).
-    A delta's removed keys go to tombstone shards (none for a shard without removals)."""
+    A delta's removed keys go to tombstone shards (none for a shard without removals).
+    ``cancel`` set stops it before the next shard file."""
     entries = {}
     bar = progress_for(sum(r.rows for r in variables), "save", quiet=not options.progress,
                        unit="rows")  # fmt: skip
+    write = functools.partial(_write_shards, backend, topology=topology, options=options,
+                              bar=bar, cancel=cancel)  # fmt: skip
     for rows in variables:
-        records = _write_shards(backend, rows, topology, options, bar, kind="")
-        removed = _write_shards(backend, shards.tombstone_rows(rows), topology, options, bar,
-                                kind="removed-")  # fmt: skip
+        records = write(rows, kind="")
+        removed = write(shards.tombstone_rows(rows), kind="removed-")
         entries[rows.name] = shards.entry_for(rows, records, options.format, removed)
     bar.close()
     manifest = RankManifest(topology.proc_rank, topology.proc_size, entries, *parent)
@@ -256,6 +322,7 @@ def _write_shards(
     options: IOOptions,
     bar: Progress,
     kind: str,
+    cancel: threading.Event | None = None,
 ) -> list[ShardRecord]:
     write = functools.partial(
         shards.write_shard,
@@ -270,6 +337,7 @@ def _write_shards(
     for index, shard_rows in enumerate(rows.shards):
         if kind and not shard_rows.rows:
             continue  # no tombstone file without removed keys
+        _check_cancel(cancel, backend.url)
         shard = topology.proc_rank * len(rows.shards) + index
         records.append(options.retry.call(functools.partial(write, index, global_shard=shard)))
         bar.update(shard_rows.rows)
@@ -277,9 +345,11 @@ def _write_shards(
 
 
 def _rank_manifest_path(strategy: CommitStrategy, rank: int) -> str:
-    """Relative to the staging folder (the work folder is inside it)."""
+    """Relative to the staging folder (the work folder is inside it), in the folder of
+    this save attempt (``save_id``)."""
     work = strategy.work[len(strategy.staging) :].strip("/")
-    return "/".join(p for p in (work, RANKS_DIR, f"rank-{rank:05d}.json") if p)
+    name = f"rank-{rank:05d}.json"
+    return "/".join(p for p in (work, RANKS_DIR, strategy.save_id, name) if p)
 
 
 def _merge_and_commit(
@@ -288,35 +358,54 @@ def _merge_and_commit(
     own: RankManifest,
     metadata: dict[str, Any] | None,
 ) -> Manifest:
-    staging = strategy.backend.sub(strategy.staging)
-    retry = strategy.retry
-    ranks = [own]
-    for rank in range(1, topology.proc_size):
-        path = _rank_manifest_path(strategy, rank)
-        data = retry.call(functools.partial(staging.read_bytes, path))
-        ranks.append(rank_manifest_from_json(data, f"{staging.url}/{path}"))
+    ranks = [own] + [
+        _read_rank_manifest(strategy, topology, r) for r in range(1, topology.proc_size)
+    ]
     work = strategy.backend.sub(strategy.work)
-    retry.call(lambda: work.delete(BARRIER_DIR, recursive=True))  # every rank has arrived
+    strategy.retry.call(lambda: work.delete(BARRIER_DIR, recursive=True))  # all have arrived
     manifest = merge_rank_manifests(ranks, metadata=metadata)
     strategy.commit(manifest)
     return manifest
 
 
+def _read_rank_manifest(strategy: CommitStrategy, topology: Topology, rank: int) -> RankManifest:
+    """The manifest ``rank`` wrote in this save attempt; a missing or foreign one is refused."""
+    staging = strategy.backend.sub(strategy.staging)
+    path = _rank_manifest_path(strategy, rank)
+    where = f"{staging.url.rstrip('/')}/{path}"
+    try:
+        data = strategy.retry.call(functools.partial(staging.read_bytes, path))
+    except FileNotFoundError as err:
+        raise CheckpointError(
+            f"cannot commit {strategy.where}: rank {rank} of {topology.proc_size} has no "
+            f"manifest in this save attempt ({strategy.save_id}): {where} is missing"
+        ) from err
+    manifest = rank_manifest_from_json(data, where)
+    if (manifest.rank, manifest.proc_size) != (rank, topology.proc_size):
+        raise CheckpointError(
+            f"{where}: expected the manifest of rank {rank} of {topology.proc_size}, found "
+            f"rank {manifest.rank} of {manifest.proc_size}"
+        )
+    return manifest
+
+
 def _wait_for_commit(
-    strategy: CommitStrategy, topology: Topology, timeout_s: float, before: bytes | None
+    strategy: CommitStrategy,
+    topology: Topology,
+    timeout_s: float,
+    before: bytes | None,
+    cancel: threading.Event | None = None,
 ) -> None:
     """Block a non-chief rank until rank 0 committed (the commit record of the checkpoint
-    is no longer ``before``), aborted, or the timeout passed."""
-    backend = strategy.backend
-    abort_path = backend.join(strategy.work, ABORT_NAME)
+    is no longer ``before``), aborted this attempt, or the timeout passed. A record written
+    by another save (another ``save_id``) means this attempt did not commit."""
     deadline = time.monotonic() + timeout_s
     delay = 0.005
-    while _poll(lambda: commit_record(backend, strategy.name), before) == before:
-        if _poll(lambda: backend.exists(abort_path), False):
-            reason = strategy.retry.call(lambda: backend.read_bytes(abort_path))
-            raise CheckpointError(
-                f"save of {strategy.where} was aborted: {reason.decode(errors='replace')}"
-            )
+    while (record := _poll(strategy.committed_state, before)) == before:
+        reason = _poll(strategy.aborted, None)
+        if reason is not None:
+            raise CheckpointError(f"save of {strategy.where} was aborted: {reason}")
+        _check_cancel(cancel, strategy.where)
         if time.monotonic() >= deadline:
             raise BarrierTimeoutError(
                 f"rank {topology.proc_rank}: rank 0 did not commit {strategy.where} "
@@ -324,6 +413,13 @@ def _wait_for_commit(
             )
         time.sleep(delay)
         delay = min(2 * delay, 0.25)
+    by = record_save_id(record)
+    if by != strategy.save_id:
+        raise CheckpointError(
+            f"rank {topology.proc_rank}: {strategy.where} was committed by another save "
+            f"(save id {by}) while this one ({strategy.save_id}) was waiting for rank 0; "
+            "this save committed nothing"
+        )
 
 
 def _poll(check: Any, failed: Any) -> Any:
