@@ -36,6 +36,8 @@ class VerifyReport:
     bytes: int
     rows: int
     problems: list[Problem]
+    #: Tombstones read (keys a delta removes from its parent), not counted in ``rows``.
+    removed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -57,14 +59,16 @@ def verify_checkpoint(
     folder_backend = backend.sub(folder)
     progress.total = manifest.bytes
     problems = _topology_problems(manifest) + _chain_problems(backend, name, manifest)
-    files = rows = 0
+    files = rows = removed = 0
     for entry in manifest.variables.values():
-        for record in [*entry.shards, *entry.removed]:  # rows, then tombstones of a delta
+        tagged = [(r, False) for r in entry.shards] + [(r, True) for r in entry.removed]
+        for record, tombstones in tagged:  # rows, then tombstones of a delta
             info = ShardInfo.from_dict(record.info)
             files += len(info.files)
             problems += _check_shard(folder_backend, info, progress)
-            rows += info.rows
-    return VerifyReport(files, manifest.bytes, rows, problems)
+            removed += info.rows if tombstones else 0
+            rows += 0 if tombstones else info.rows
+    return VerifyReport(files, manifest.bytes, rows, problems, removed)
 
 
 def _chain_problems(backend: Backend, name: str, manifest: Manifest) -> list[Problem]:
