@@ -1,7 +1,10 @@
-"""What the benchmark scripts share: timing, cold reads, and figures passed between phases.
+"""What the benchmark scripts share: timing, cold reads, the benchmark rows, the raw
+references, and figures passed between phases.
 
 A script that runs phases in fresh processes prints each phase's figures as one line
-``RESULT {json}`` (:func:`emit`) and reads them back with :func:`result_of`.
+``RESULT {json}`` (:func:`emit`) and reads them back from :func:`run_phase`. This module
+imports numpy and the standard library only: the TFRA side of ``tfra_bench.py`` imports it
+under another interpreter.
 """
 
 from __future__ import annotations
@@ -11,10 +14,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 RESULT_TAG = "RESULT "
+FILL_BATCH = 1 << 20
+SEED = 1234
+DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -39,16 +47,87 @@ def drop_cache(root: str) -> None:
             os.close(fd)
 
 
+def cold_read_setup(root: str) -> str:
+    """Make the next read of ``root`` cold; return how: ``"drop_caches"`` (the whole page
+    cache dropped, as root) or ``"posix_fadvise"`` (each file under ``root`` evicted)."""
+    drop_cache(root)
+    try:
+        os.sync()
+        with open(DROP_CACHES, "w") as f:
+            f.write("1\n")
+    except OSError:
+        return "posix_fadvise"
+    return "drop_caches"
+
+
+def rows(keys: int, dim: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The benchmark's rows, in batches of ``FILL_BATCH``: unique int64 keys spread over the
+    whole range, standard normal float32 values."""
+    rng = np.random.default_rng(SEED)
+    for start in range(0, keys, FILL_BATCH):
+        n = min(FILL_BATCH, keys - start)
+        ids = np.arange(start, start + n, dtype=np.int64)
+        # an odd multiplier permutes int64: unique keys, no order, every bucket used
+        batch_keys = ids * np.int64(-7046029254386353131)
+        yield batch_keys, rng.standard_normal((n, dim), dtype=np.float32)
+
+
+def sample_rows(keys: int, dim: int, count: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``count`` rows of every batch, for verifying a restore."""
+    picked = [(k[:count], v[:count]) for k, v in rows(keys, dim)]
+    return np.concatenate([k for k, _ in picked]), np.concatenate([v for _, v in picked])
+
+
+def raw_write(path: str, keys: int, dim: int) -> float:
+    """Seconds to write the rows to ``path.keys`` and ``path.values`` with ``tofile`` and
+    fsync them (making the rows is not timed)."""
+    seconds = 0.0
+    with open(path + ".keys", "wb") as fk, open(path + ".values", "wb") as fv:
+        for batch_keys, batch_values in rows(keys, dim):
+            start = time.perf_counter()
+            batch_keys.tofile(fk)
+            batch_values.tofile(fv)
+            seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        for f in (fk, fv):
+            f.flush()
+            os.fsync(f.fileno())
+        seconds += time.perf_counter() - start
+    return seconds
+
+
+def raw_read(path: str, dim: int) -> dict[str, Any]:
+    """Read ``path.keys`` and ``path.values`` cold with ``numpy.fromfile``: ``raw_read_s``,
+    the rows read and how the page cache was emptied (``raw_read_cold``)."""
+    how = cold_read_setup(path + ".keys")
+    drop_cache(path + ".values")
+    start = time.perf_counter()
+    keys = np.fromfile(path + ".keys", dtype=np.int64)
+    values = np.fromfile(path + ".values", dtype=np.float32).reshape(-1, dim)
+    seconds = time.perf_counter() - start
+    if len(values) != len(keys):
+        raise RuntimeError(f"{path}: {len(keys)} keys but {len(values)} value rows")
+    return {"raw_read_s": seconds, "raw_rows": len(keys), "raw_read_cold": how}
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print a phase's figures for the parent process."""
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
-def run_phase(script: str, phase: str, options: list[str]) -> dict[str, Any]:
-    """Run ``script --phase phase *options`` in a fresh Python process; return the figures
-    it printed (its output and an error if it failed)."""
-    command = [sys.executable, os.path.abspath(script), "--phase", phase, *options]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+def run_phase(
+    script: str,
+    phase: str,
+    options: list[str],
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``script --phase phase *options`` in a fresh process of interpreter ``python``,
+    with ``env`` added to the environment; return the figures it printed (its output and an
+    error if it failed)."""
+    command = [python, os.path.abspath(script), "--phase", phase, *options]
+    environment = {**os.environ, **(env or {})}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
     return _result_of(done, phase)
 
 

@@ -37,35 +37,14 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import _harness as harness
 import numpy as np
-from _harness import drop_cache, emit, timed
-
-FILL_BATCH = 1 << 20
-SEED = 1234
+from _harness import FILL_BATCH, drop_cache, emit, raw_write, rows, sample_rows, timed
 
 
 # --- helpers shared by the phases ----------------------------------------------------------
-def rows(keys: int, dim: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The benchmark's rows, in batches: unique int64 keys spread over the whole range."""
-    rng = np.random.default_rng(SEED)
-    for start in range(0, keys, FILL_BATCH):
-        n = min(FILL_BATCH, keys - start)
-        ids = np.arange(start, start + n, dtype=np.int64)
-        # an odd multiplier permutes int64: unique keys, no order, every bucket used
-        batch_keys = ids * np.int64(-7046029254386353131)
-        yield batch_keys, rng.standard_normal((n, dim), dtype=np.float32)
-
-
-def sample_rows(keys: int, dim: int, count: int = 1000) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``count`` rows of every batch, for verifying a restore."""
-    picked = [(k[:count], v[:count]) for k, v in rows(keys, dim)]
-    return np.concatenate([k for k, _ in picked]), np.concatenate([v for _, v in picked])
-
-
 class PeakRss:
     """Samples this process's RSS every ``interval`` seconds while in the ``with`` block."""
 
@@ -135,23 +114,6 @@ def table_bytes(variable: Any) -> int:
 
 
 # --- phase: save (one process: raw write, fill, saves, TF dense save) -----------------------
-def raw_write(path: str, keys: int, dim: int) -> float:
-    """Seconds to write the rows (keys then values) with ``tofile`` and fsync them."""
-    seconds = 0.0
-    with open(path + ".keys", "wb") as fk, open(path + ".values", "wb") as fv:
-        for batch_keys, batch_values in rows(keys, dim):
-            start = time.perf_counter()
-            batch_keys.tofile(fk)
-            batch_values.tofile(fv)
-            seconds += time.perf_counter() - start
-        start = time.perf_counter()
-        for f in (fk, fv):
-            f.flush()
-            os.fsync(f.fileno())
-        seconds += time.perf_counter() - start
-    return seconds
-
-
 def phase_save(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {}
     out["raw_write_fsync_s"] = raw_write(os.path.join(args.dir, "raw"), args.keys, args.dim)
@@ -236,14 +198,7 @@ def verify(variable: Any, args: argparse.Namespace) -> bool:
 
 
 def phase_raw_read(args: argparse.Namespace) -> None:
-    path = os.path.join(args.dir, "raw")
-    drop_cache(path + ".keys")
-    drop_cache(path + ".values")
-    start = time.perf_counter()
-    keys = np.fromfile(path + ".keys", dtype=np.int64)
-    values = np.fromfile(path + ".values", dtype=np.float32).reshape(-1, args.dim)
-    seconds = time.perf_counter() - start
-    emit({"raw_read_s": seconds, "raw_rows": len(keys), "raw_values": len(values)})
+    emit(harness.raw_read(os.path.join(args.dir, "raw"), args.dim))
 
 
 # --- driver -----------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""de_store against TFRA 0.8.1: filling a table, saving it, restoring it in a fresh process.
+
+Both sides go through the same user path, each with its own library: ``get_variable`` with
+a ``FileSystemSaver`` in its ``kv_creator`` (TFRA: ``CuckooHashTableCreator``, de_store:
+``HashTableCreator``), ``upsert`` in batches of 1M keys, and ``tf.train.Checkpoint``. For
+each side, one fresh process fills the table and saves it, and another restores it after
+the page cache was dropped:
+
+* ``{side}_fill_s``: ``get_variable`` and every upsert of the rows into the empty table,
+  each trace and XLA compile included (``{side}_first_upsert_s`` is the first batch's);
+* ``{side}_save_s``: ``Checkpoint.write``;
+* ``{side}_restore_s``: ``Checkpoint.read`` into a new variable; ``{side}_restored_keys``
+  and ``{side}_verified`` (the first 1000 rows of every batch read back exactly);
+* ``{side}_import_s``: importing the library and TensorFlow, timed apart.
+
+References on the same bytes (``N * 8`` key bytes + ``N * dim * 4`` value bytes):
+``raw_write_fsync_s`` (``numpy.tofile`` + fsync) and ``raw_read_s`` (``numpy.fromfile``,
+cold). ``cold_reads`` says how the page cache was emptied: ``drop_caches`` (the whole cache,
+as root) or ``posix_fadvise`` (each file evicted).
+
+The TFRA side runs under ``--tfra-python``, an interpreter of a separate virtual
+environment (see docs/benchmarks.md), with ``TF_USE_LEGACY_KERAS=1``; in that process this
+script imports TFRA, never de_store. de_store fsyncs and checksums its files; TFRA does
+neither.
+
+Usage::
+
+    python benchmarks/tfra_bench.py --tfra-python /work/tfra-venv/bin/python \\
+        --keys 5000000 --dim 16
+
+The figures are printed, then one JSON line with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import _harness as harness
+import numpy as np
+
+SIDES = ("tfra", "de_store")
+
+
+# --- phases, run in the side's own interpreter ---------------------------------------------
+def import_side(side: str) -> tuple[Any, Any, Any]:
+    """Import TensorFlow and the side's library; return (tf, library, its table creator)."""
+    if side == "tfra":
+        import tensorflow as tf
+        import tensorflow_recommenders_addons.dynamic_embedding as de
+
+        return tf, de, de.CuckooHashTableCreator
+    import tensorflow as tf
+
+    import de_store
+
+    return tf, de_store, de_store.HashTableCreator
+
+
+def make_variable(de: Any, creator: Any, tf: Any, dim: int) -> Any:
+    saver = de.FileSystemSaver()
+    return de.get_variable(
+        "embedding",
+        key_dtype=tf.int64,
+        value_dtype=tf.float32,
+        dim=dim,
+        kv_creator=creator(saver=saver),
+    )
+
+
+def phase_fill_save(args: argparse.Namespace) -> None:
+    batches = list(harness.rows(args.keys, args.dim))
+    import_s, (tf, de, creator) = harness.timed(lambda: import_side(args.side))
+    out: dict[str, Any] = {"import_s": import_s}
+    start = time.perf_counter()
+    variable = make_variable(de, creator, tf, args.dim)
+    for i, (keys, values) in enumerate(batches):
+        variable.upsert(tf.constant(keys), tf.constant(values))
+        if i == 0:
+            variable.size().numpy()
+            out["first_upsert_s"] = time.perf_counter() - start
+    out["filled_keys"] = int(variable.size().numpy())
+    out["fill_s"] = time.perf_counter() - start
+    checkpoint = tf.train.Checkpoint(embedding=variable)
+    prefix = os.path.join(args.dir, args.side, "ckpt")
+    out["save_s"], _ = harness.timed(lambda: checkpoint.write(prefix))
+    harness.emit(out)
+
+
+def phase_restore(args: argparse.Namespace) -> None:
+    import_s, (tf, de, creator) = harness.timed(lambda: import_side(args.side))
+    variable = make_variable(de, creator, tf, args.dim)
+    checkpoint = tf.train.Checkpoint(embedding=variable)
+    prefix = os.path.join(args.dir, args.side, "ckpt")
+    start = time.perf_counter()
+    checkpoint.read(prefix)
+    restored = int(variable.size().numpy())
+    out: dict[str, Any] = {"import_s": import_s, "restore_s": time.perf_counter() - start}
+    keys, values = harness.sample_rows(args.keys, args.dim)
+    found, exists = variable.lookup(tf.constant(keys), return_exists=True)
+    out["restored_keys"] = restored
+    out["verified"] = bool(np.all(exists.numpy()) and np.array_equal(found.numpy(), values))
+    harness.emit(out)
+
+
+# --- driver ---------------------------------------------------------------------------------
+def run_side(args: argparse.Namespace, side: str) -> dict[str, Any]:
+    """Fill and save in one fresh process of the side's interpreter, restore in another."""
+    python, env = (
+        (args.tfra_python, {"TF_USE_LEGACY_KERAS": "1"}) if side == "tfra" else (sys.executable, {})
+    )
+    options = ["--side", side, "--keys", str(args.keys), "--dim", str(args.dim)]
+    options += ["--dir", args.dir]
+    saved = harness.run_phase(__file__, "fill_save", options, python, env)
+    cold = harness.cold_read_setup(os.path.join(args.dir, side))
+    restored = harness.run_phase(__file__, "restore", options, python, env)
+    out = {f"{side}_{k}": v for k, v in saved.items()}
+    out[f"{side}_restore_import_s"] = restored.pop("import_s")
+    out.update({f"{side}_{k}": v for k, v in restored.items()})
+    out[f"{side}_saved_bytes"] = folder_bytes(os.path.join(args.dir, side))
+    out["cold_reads"] = cold
+    return out
+
+
+def folder_bytes(root: str) -> int:
+    return sum(
+        os.path.getsize(os.path.join(folder, name))
+        for folder, _, names in os.walk(root)
+        for name in names
+    )
+
+
+def ratios(r: dict[str, Any]) -> dict[str, float]:
+    """TFRA's time over de_store's for each step (above 1: de_store is faster), and de_store's
+    save and restore over the raw references."""
+    out = {
+        f"{step}_tfra_over_de_store": r[f"tfra_{step}_s"] / r[f"de_store_{step}_s"]
+        for step in ("fill", "save", "restore")
+    }
+    out["de_store_save_over_raw_write"] = r["de_store_save_s"] / r["raw_write_fsync_s"]
+    out["de_store_restore_over_raw_read"] = r["de_store_restore_s"] / r["raw_read_s"]
+    out["tfra_save_over_raw_write"] = r["tfra_save_s"] / r["raw_write_fsync_s"]
+    out["tfra_restore_over_raw_read"] = r["tfra_restore_s"] / r["raw_read_s"]
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def print_figures(r: dict[str, Any]) -> None:
+    print(f"{r['keys']} keys x dim {r['dim']} float32 (seconds)")
+    print(f"{'step':<10}{'TFRA':>10}{'de_store':>10}{'TFRA / de_store':>18}")
+    for step in ("fill", "save", "restore"):
+        tfra, ours = r[f"tfra_{step}_s"], r[f"de_store_{step}_s"]
+        print(f"{step:<10}{tfra:>10.2f}{ours:>10.2f}{tfra / ours:>17.2f}x")
+    print(f"raw write + fsync {r['raw_write_fsync_s']:.2f}, raw cold read {r['raw_read_s']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tfra-python", help="python of a venv with TFRA 0.8.1 and TF 2.16.2")
+    parser.add_argument("--keys", type=int, default=5_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase is not None:
+        {"fill_save": phase_fill_save, "restore": phase_restore}[args.phase](args)
+        return
+    if not args.tfra_python:
+        parser.error("--tfra-python is required: the interpreter of a venv holding TFRA 0.8.1")
+    args.dir = tempfile.mkdtemp(prefix="de_store_tfra_bench_", dir="/tmp")
+    try:
+        result: dict[str, Any] = {"keys": args.keys, "dim": args.dim}
+        raw = os.path.join(args.dir, "raw")
+        result["raw_write_fsync_s"] = harness.raw_write(raw, args.keys, args.dim)
+        result.update(harness.raw_read(raw, args.dim))
+        for side in SIDES:
+            result.update(run_side(args, side))
+        result["ratios"] = ratios(result)
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    print_figures(result)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
