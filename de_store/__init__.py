@@ -8,7 +8,13 @@ importing TensorFlow.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = importlib.metadata.version("de_store")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from de_store.compact import compact
@@ -68,6 +74,7 @@ __all__ = [
     "TimestampRestrictPolicy",
     "TrainableWrapper",
     "Variable",
+    "__version__",
     "compact",
     "default_partition_fn",
     "embedding_lookup",

@@ -2,27 +2,44 @@
 
 A thin layer over :mod:`de_store.catalog`, :mod:`de_store.saver.verify`,
 :mod:`de_store.convert`, :mod:`de_store.saver.gc` and :mod:`de_store.demo`. Only ``demo``
-and ``convert`` import TensorFlow. Errors print as one line ``de-store: error: ...`` with
-exit code 1 (2 for usage errors); ``--debug`` shows the traceback.
+imports TensorFlow (it trains a model). Errors print as one line ``de-store: error: ...``
+with exit code 1 (2 for usage errors, 130 for Ctrl-C); ``--debug`` shows the traceback.
+The storage server of an ``s3://``, ``gs://`` or ``http(s)://`` URL is tried once before
+anything else, so that no network fails in one line instead of a minute of retries.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import de_store
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Ctrl-C, as a shell reports a command ended by SIGINT.
+EXIT_INTERRUPTED = 130
+#: The reader of the output went away (``de-store inspect URL | head``): 128 + SIGPIPE.
+EXIT_BROKEN_PIPE = 141
+#: The arguments that name a storage location, checked for a reachable server first.
+_URL_ARGUMENTS = ("url", "src", "dst", "dir")
 
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
-    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    common.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error and every log"
+    )
+    common.add_argument(
+        "--verbose", "-v", action="store_true", help="log each save, commit and restore (INFO)"
+    )
     common.add_argument(
         "--storage-options",
         metavar="JSON",
@@ -35,28 +52,40 @@ def _parser() -> argparse.ArgumentParser:
         description="Inspect, verify, convert and clean de_store checkpoints.",
         epilog="Options shared by every command go after it: de-store verify --quiet URL.",
     )
+    parser.add_argument("--version", action="version", version=f"de-store {de_store.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", parents=[common], help="train, save async, reshard, check")
-    demo.add_argument("dir", nargs="?", default="de_store_demo", help="folder or URL")
+    demo.add_argument(
+        "dir",
+        nargs="?",
+        default="de_store_demo",
+        help="folder or URL to save into (default ./de_store_demo); checked before training",
+    )
     demo.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     demo.add_argument("--ids", type=int, default=1_000_000, help="id space (default 1000000)")
     demo.add_argument("--save-shards", type=int, default=2, help="table shards saving (2)")
     demo.add_argument("--restore-shards", type=int, default=3, help="shards restoring (3)")
 
     ls = sub.add_parser("ls", parents=[common], help="checkpoints under a path")
-    ls.add_argument("url")
+    ls.add_argument("url", help="folder or URL to list checkpoints under, at any depth")
     ls.add_argument("--json", action="store_true", help="one JSON list for scripts")
 
     inspect = sub.add_parser("inspect", parents=[common], help="what a checkpoint holds")
-    inspect.add_argument("url")
+    inspect.add_argument("url", help="a committed checkpoint's folder or URL")
     inspect.add_argument("--json", action="store_true", help="one JSON object for scripts")
 
     verify = sub.add_parser("verify", parents=[common], help="check completeness and checksums")
-    verify.add_argument("url")
+    verify.add_argument("url", help="a committed checkpoint's folder or URL")
 
     convert = sub.add_parser(
-        "convert", parents=[common], help="change format, flatten a chain, TFRA in/out"
+        "convert",
+        parents=[common],
+        help="change format, flatten a chain, TFRA in/out",
+        description="TFRA files hold raw keys and values and record no dim and no dtype: "
+        "give --dim, --key-dtype and --value-dtype as the variable was created. The file "
+        "sizes are checked against them (a values file must hold keys x dim x itemsize "
+        "bytes); a wrong dtype of the same size (float32 for int32) cannot be detected.",
     )
     convert.add_argument("src", help="a committed checkpoint, or a TFRA folder (give --dim)")
     convert.add_argument("dst", help="new checkpoint folder, or the TFRA folder to write")
@@ -66,8 +95,14 @@ def _parser() -> argparse.ArgumentParser:
         help="format to write (default, for a checkpoint SRC: each variable's own)",
     )
     convert.add_argument("--dim", type=int, help="dim of the TFRA variables read")
-    convert.add_argument("--key-dtype", default="int64", help="TFRA key dtype (int64)")
-    convert.add_argument("--value-dtype", default="float32", help="TFRA value dtype (float32)")
+    convert.add_argument(
+        "--key-dtype", default="int64", help="TFRA key dtype (int64); the files do not record it"
+    )
+    convert.add_argument(
+        "--value-dtype",
+        default="float32",
+        help="TFRA value dtype (float32); the files do not record it",
+    )
     convert.add_argument(
         "--name", action="append", default=[], help="only this variable (repeatable)"
     )
@@ -93,23 +128,94 @@ def _json_object(text: str) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``de-store`` with ``argv`` (default: the command line); return the exit code."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # demo and convert import TensorFlow
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the demo imports TensorFlow
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
+    with _logging_to_stderr(verbose=args.verbose, debug=args.debug):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
-        return int(_COMMANDS[args.command](args))
+        _check_reachable(args)
+        code = int(_COMMANDS[args.command](args))
+        sys.stdout.flush()  # a reader gone away shows here, not at exit
+        return code
     except KeyboardInterrupt:
         print("de-store: interrupted", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_INTERRUPTED
+    except BrokenPipeError as err:
+        if _stdout_gone():
+            return EXIT_BROKEN_PIPE
+        return _report(err, args)
     except Exception as err:
-        if args.debug:
-            raise
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"de-store: error: {message}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(err, _UsageError) else EXIT_FAILED
+        return _report(err, args)
+
+
+def _report(err: Exception, args: argparse.Namespace) -> int:
+    if args.debug:
+        raise err
+    message = str(err).splitlines()[0] if str(err) else type(err).__name__
+    print(f"de-store: error: {message}", file=sys.stderr)
+    return EXIT_USAGE if isinstance(err, _UsageError) else EXIT_FAILED
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout's reader went away; if so, stdout goes to /dev/null from now on, so
+    that exiting (which flushes it) prints no ``Broken pipe`` error."""
+    try:
+        sys.stdout.flush()
+        return False
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return True
+
+
+def _check_reachable(args: argparse.Namespace) -> None:
+    from de_store.saver.destination import check_reachable
+
+    for name in _URL_ARGUMENTS:
+        url = getattr(args, name, None)
+        if isinstance(url, str):
+            check_reachable(url, args.storage_options)
+
+
+class _StderrHandler(logging.Handler):
+    """Writes each record as one line to the current ``sys.stderr``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _logging_to_stderr(*, verbose: bool, debug: bool) -> Iterator[None]:
+    """While a command runs: de_store's warnings (retries) on stderr, one line each, and
+    its INFO lines with ``verbose``. Other libraries' records are dropped unless ``debug``
+    (gcsfs logs a traceback when it gives up; the error reaches the command anyway)."""
+    ours, root = logging.getLogger("de_store"), logging.getLogger()
+    saved = (ours.level, ours.propagate, root.level)
+    handler = _StderrHandler()
+    formats = "de-store: %(levelname)s: %(message)s"
+    handler.setFormatter(logging.Formatter(formats if not debug else f"%(asctime)s {formats}"))
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO if verbose or debug else logging.WARNING)
+    ours.propagate = False
+    if not debug:
+        root.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        ours.removeHandler(handler)
+        ours.level, ours.propagate = saved[:2]
+        root.setLevel(saved[2])
 
 
 class _UsageError(ValueError):
@@ -151,6 +257,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             save_shards=args.save_shards,
             restore_shards=args.restore_shards,
             progress=not args.quiet,
+            storage_options=args.storage_options,
         )
         else EXIT_FAILED
     )
@@ -166,6 +273,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print(json.dumps([dataclasses.asdict(s) for s in found], indent=1))
         return EXIT_OK
     if not found:
+        _require_exists(args.url, args.storage_options)
         print(f"no checkpoints under {args.url}")
         return EXIT_OK
     rows = [("PATH", "STATUS", "KIND", "STEP", "COMMITTED", "SIZE", "VARIABLES", "PARENT")]
@@ -178,6 +286,15 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         )
     _print_table(rows)
     return EXIT_OK
+
+
+def _require_exists(url: str, storage_options: dict[str, Any] | None) -> None:
+    """Raise if nothing is at ``url`` (a folder, or on object stores a prefix of objects)."""
+    from de_store.backends import open_backend
+    from de_store.errors import StorageNotFoundError
+
+    if not open_backend(url, storage_options).exists(""):
+        raise StorageNotFoundError(f"{url} does not exist")
 
 
 def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
@@ -271,9 +388,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"BAD {problem.path}: {problem.message}")
     if report.ok:
+        removed = f" and {report.removed:,} removed keys (tombstones)" if report.removed else ""
         print(
             f"OK {args.url}: {report.files} files, {_size(report.bytes)}, "
-            f"{report.rows:,} rows, every checksum matches"
+            f"{report.rows:,} rows{removed}, every checksum matches"
         )
         return EXIT_OK
     print(f"de-store: error: {args.url}: {len(report.problems)} problem(s)", file=sys.stderr)
@@ -281,8 +399,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    from de_store.catalog import open_location
     from de_store.convert import TfraOptions, convert
+    from de_store.saver.destination import check_destination
 
+    check_destination(*open_location(args.dst, args.storage_options), probe=True)
     tfra_options = TfraOptions(args.dim, args.key_dtype, args.value_dtype, tuple(args.name))
     summary = convert(
         args.src,

@@ -1,11 +1,14 @@
 """``de-store demo``: train the CTR example, save an async sharded checkpoint, reshard it back.
 
+0. Checks the destination before anything else: the protocol, a file in the way, a folder
+   or bucket that cannot be written (see :mod:`de_store.saver.destination`).
 1. Trains ``examples/train_ctr.py`` on a Variable with ``save_shards`` table shards (logical
    CPUs) whose ``kv_creator`` carries a ``FileSystemSaver``.
 2. Saves through ``tf.train.CheckpointManager`` with ``CheckpointOptions(enable_async=True,
    experimental_write_callbacks=[...])``: the tables are snapshotted, written in the
    background, and the callback runs once the KV checkpoint is committed.
-3. Prints where the checkpoint is and how to inspect it (``de-store``, pyarrow).
+3. Prints where the checkpoint is and how to inspect it (``de-store``, pyarrow), with the
+   storage options it was given.
 4. Restores it into a Variable with ``restore_shards`` shards and checks every key, value
    and optimizer slot.
 """
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,8 +64,19 @@ def run(
     restore_shards: int = 3,
     say: Callable[[str], None] = print,
     progress: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> bool:
-    """Run the demo into ``directory`` (any URL); True when every restored key is equal."""
+    """Run the demo into ``directory`` (any URL); True when every restored key is equal.
+
+    ``storage_options`` go to fsspec for ``directory`` (endpoint, credentials), for the
+    save, the restore and the inspection; the destination is checked before training.
+    """
+    options = dict(storage_options or {})
+    local = _is_local(directory)
+    directory = str(Path(directory).absolute()) if local else directory.rstrip("/")
+    # TF's bundle needs a TF filesystem: beside the KV data when local, else a local folder
+    tf_dir = directory if local else str(Path("de_store_demo_tf").absolute())
+    _check_destinations(f"{directory}/de_store/ckpt-{steps}", tf_dir, options)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the demo's output, not TF's logs
     cpus = configure_cpus(max(save_shards, restore_shards))
     import tensorflow as tf
@@ -69,12 +85,10 @@ def run(
     import de_store as ds
 
     example = load_example()
-    local = _is_local(directory)
-    directory = str(Path(directory).absolute()) if local else directory.rstrip("/")
-    # TF's bundle needs a TF filesystem: beside the KV data when local, else a local folder
-    tf_dir = directory if local else str(Path("de_store_demo_tf").absolute())
     saver = ds.FileSystemSaver(
-        save_path=None if local else f"{directory}/de_store", progress=progress
+        save_path=None if local else f"{directory}/de_store",
+        progress=progress,
+        storage_options=options,
     )
     weights = ds.get_variable(
         VARIABLE,
@@ -90,8 +104,19 @@ def run(
     say(f"    loss {loss}, {int(weights.size()):,} distinct ids in the table")
 
     prefix, kv_url = _save_async(tf, weights, saver, tf_dir, steps, say)
-    _print_inspect_help(kv_url, say)
-    return _restore_and_check(tf, ds, weights, prefix, cpus[:restore_shards], say, progress)
+    _print_inspect_help(kv_url, options, say)
+    restore_saver = ds.FileSystemSaver(progress=progress, storage_options=options)
+    return _restore_and_check(tf, ds, weights, prefix, cpus[:restore_shards], say, restore_saver)
+
+
+def _check_destinations(kv_url: str, tf_dir: str, options: dict[str, Any]) -> None:
+    """Fail before training if the KV checkpoint or the TF bundle cannot be saved."""
+    from de_store.catalog import open_location
+    from de_store.saver.destination import check_destination
+
+    check_destination(*open_location(kv_url, options), probe=True)
+    if tf_dir != kv_url.rsplit("/", 2)[0]:  # the TF bundle goes to a local folder apart
+        check_destination(*open_location(tf_dir), probe=True)
 
 
 def _save_async(
@@ -116,21 +141,27 @@ def _save_async(
     return prefix, kv_url
 
 
-def _print_inspect_help(kv_url: str, say: Callable[[str], None]) -> None:
+def _print_inspect_help(kv_url: str, options: dict[str, Any], say: Callable[[str], None]) -> None:
     from de_store.catalog import describe
 
-    info = describe(kv_url)
+    info = describe(kv_url, options)
     entry = info["variables"][VARIABLE]
     shard = f"{kv_url}/{entry['files'][0]}"
+    flag = f" --storage-options {shlex.quote(json.dumps(options))}" if options else ""
     say(f"3/4 checkpoint: {kv_url}")
     say(f"    {entry['rows']:,} rows in {entry['shards']} {entry['format']} shards")
     say("    inspect it:")
-    say(f"      de-store inspect {kv_url}")
-    say(f"      de-store verify {kv_url}")
-    say(f"      de-store ls {kv_url.rsplit('/', 1)[0]}")
+    say(f"      de-store inspect {shlex.quote(kv_url)}{flag}")
+    say(f"      de-store verify {shlex.quote(kv_url)}{flag}")
+    say(f"      de-store ls {shlex.quote(kv_url.rsplit('/', 1)[0])}{flag}")
     say("    open a shard with pyarrow:")
     say("      import pyarrow.parquet as pq")
-    say(f"      table = pq.read_table({shard!r})")
+    if _is_local(shard):
+        say(f"      table = pq.read_table({shard!r})")
+    else:
+        say("      import fsspec")
+        say(f"      fs, path = fsspec.core.url_to_fs({shard!r}, **{options!r})")
+        say("      table = pq.read_table(path, filesystem=fs)")
     say("      print(table.schema, table.num_rows, table.slice(0, 3).to_pylist())")
 
 
@@ -141,13 +172,10 @@ def _restore_and_check(
     prefix: str,
     devices: list[str],
     say: Callable[[str], None],
-    progress: bool = False,
+    saver: Any,
 ) -> bool:
     restored = ds.Variable(
-        VARIABLE,
-        dim=1,
-        devices=devices,
-        kv_creator=ds.HashTableCreator(saver=ds.FileSystemSaver(progress=progress)),
+        VARIABLE, dim=1, devices=devices, kv_creator=ds.HashTableCreator(saver=saver)
     )
     start = time.perf_counter()
     status = tf.train.Checkpoint(weights=restored).read(prefix)

@@ -29,7 +29,10 @@ import socket
 import tempfile
 import urllib.parse
 import uuid
+from collections.abc import Mapping
 from typing import Any
+
+import fsspec
 
 from de_store.backends.base import Backend
 from de_store.errors import DestinationError, StorageUnreachableError
@@ -101,17 +104,20 @@ def _probe_remote(backend: Backend, name: str, where: str, retry: RetryPolicy) -
     retry.call(lambda: backend.delete(probe))
 
 
-def check_reachable(backend: Backend, timeout_s: float = 10.0) -> None:
-    """Raise :class:`StorageUnreachableError` if the server of ``backend`` refuses a
+def check_reachable(
+    url: str, storage_options: Mapping[str, Any] | None = None, timeout_s: float = 10.0
+) -> None:
+    """Raise :class:`StorageUnreachableError` if the storage server of ``url`` refuses a
     connection or its name does not resolve; tried once, within ``timeout_s``.
 
-    Only for S3, GCS and HTTP(S) locations, and not when a proxy is configured (the client
-    then connects to the proxy). Other locations pass.
+    Checked before the storage client is built (finding GCS credentials alone probes the
+    network for a quarter of a minute). Only for S3, GCS and HTTP(S) URLs, and not when a
+    proxy is configured (the client then connects to the proxy); other URLs pass.
     """
-    endpoint = storage_endpoint(backend)
+    endpoint = storage_endpoint(url, storage_options or {})
     if endpoint is None or any(os.environ.get(v) for v in _PROXY_VARIABLES):
         return
-    parsed = urllib.parse.urlsplit(endpoint)
+    parsed = urllib.parse.urlsplit(endpoint if "//" in endpoint else f"http://{endpoint}")
     host = parsed.hostname or ""
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
@@ -119,24 +125,30 @@ def check_reachable(backend: Backend, timeout_s: float = 10.0) -> None:
             pass
     except OSError as err:
         raise StorageUnreachableError(
-            f"cannot reach the storage server {host}:{port} of {backend.url}: "
+            f"cannot reach the storage server {host}:{port} of {url}: "
             f"{err.strerror or err} (check the network, or the endpoint_url storage option)"
         ) from err
 
 
-def storage_endpoint(backend: Backend) -> str | None:
-    """The ``scheme://host[:port]`` a backend's client talks to, where one is known."""
-    fs: Any = getattr(backend, "fs", None)
-    if backend.protocol == "gs":
-        return getattr(fs, "_location", None) or "https://storage.googleapis.com"
-    if backend.protocol == "s3":
+def storage_endpoint(url: str, storage_options: Mapping[str, Any]) -> str | None:
+    """The server (``scheme://host[:port]``) the storage client of ``url`` talks to, as
+    gcsfs and s3fs choose it, where one is known."""
+    protocol = fsspec.core.split_protocol(url)[0]
+    client_kwargs = storage_options.get("client_kwargs") or {}
+    if protocol in ("gs", "gcs"):
         return (
-            getattr(fs, "endpoint_url", None)
-            or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
+            storage_options.get("endpoint_url")
+            or os.environ.get("STORAGE_EMULATOR_HOST")
+            or "https://storage.googleapis.com"
+        )
+    if protocol in ("s3", "s3a"):
+        return (
+            storage_options.get("endpoint_url")
+            or client_kwargs.get("endpoint_url")
             or os.environ.get("AWS_ENDPOINT_URL_S3")
             or os.environ.get("AWS_ENDPOINT_URL")
             or "https://s3.amazonaws.com"
         )
-    if backend.protocol in ("http", "https"):
-        return backend.url
+    if protocol in ("http", "https"):
+        return url
     return None
