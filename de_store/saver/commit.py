@@ -157,8 +157,11 @@ class CommitStrategy(abc.ABC):
 class RenameCommit(CommitStrategy):
     """Stage in ``NAME.pending/<token>/``, then one atomic directory rename to ``NAME``.
 
-    Rank 0 takes ``LOCK`` (write-once) in the staging folder first, so a second save of
-    the same job and name fails early. A save replaces a committed ``NAME`` only if it is
+    Rank 0 takes ``LOCK`` in the staging folder first. Without a job token (the shared
+    legacy folder) it is write-once, so a second save of the same name fails early. With a
+    token the folder is the job's own, and a new attempt of the job (a retry after a crash)
+    takes the lock over: the earlier attempt, if it still runs, can no longer commit. A
+    save replaces a committed ``NAME`` only if it is
     the one committed when the save began (a rewrite); rewriting moves the old folder aside
     first, and a crash between the two renames leaves the old checkpoint under
     ``NAME.replaced-*``, which readers use.
@@ -177,7 +180,15 @@ class RenameCommit(CommitStrategy):
         return self.staging
 
     def begin(self) -> None:
+        self._take_lock()
+        self._base = self.retry.call(self.committed_state)
+        self._began = True
+
+    def _take_lock(self) -> None:
         lock = self.backend.join(self.staging, LOCK_NAME)
+        if self.token:  # the job's own folder: this attempt takes it over
+            self.retry.call(lambda: self.backend.write_bytes(lock, self.save_id.encode()))
+            return
         try:
             write_once_checked(self.backend, lock, self.save_id.encode(), self.retry)
         except AlreadyExistsError as err:
@@ -185,8 +196,6 @@ class RenameCommit(CommitStrategy):
                 f"cannot save {self.where}: {self.backend.url.rstrip('/')}/{lock} exists, "
                 "another save in progress (or an interrupted one: `de-store gc` removes it)"
             ) from err
-        self._base = self.retry.call(self.committed_state)
-        self._began = True
 
     def commit(self, manifest: Manifest) -> None:
         if not self._began:  # a caller that stages on its own (conversion): no lock taken

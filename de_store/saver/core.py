@@ -27,7 +27,6 @@ from de_store.progress import Progress, progress_for
 from de_store.saver import events, incremental, shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
 from de_store.saver.chain import parent_reference, resolve_chain
-from de_store.saver.destination import check_destination
 from de_store.saver.commit import (
     RANKS_DIR,
     CommitStrategy,
@@ -35,6 +34,7 @@ from de_store.saver.commit import (
     read_manifest,
     record_save_id,
 )
+from de_store.saver.destination import check_destination
 from de_store.saver.manifest import (
     Manifest,
     RankManifest,
