@@ -53,8 +53,9 @@ class CheckpointSummary:
     path: folder relative to the listed URL ("" when the URL is the checkpoint itself).
     status: "committed"; "orphaned" (committed, its TF checkpoint deleted: gc removes it);
         "parent" (committed, its TF checkpoint deleted, but a kept checkpoint's chain
-        needs it: gc keeps it); "uncommitted" (a save in progress or interrupted) or
-        "aborted".
+        needs it: gc keeps it); "broken" (committed, but a delta whose chain cannot be
+        restored: a link is missing, not committed, or rewritten since); "uncommitted" (a
+        save in progress or interrupted) or "aborted".
     step: from the folder name (``ckpt-12`` -> 12) or the manifest's ``step`` metadata.
     committed: commit time (seconds since the epoch), None when not committed.
     bytes: shard bytes of a committed checkpoint (from its manifest), else of all its files.
@@ -167,10 +168,39 @@ def list_checkpoints(
     found = find_checkpoint_folders(backend)
     if "" in found:  # the URL is a checkpoint folder itself
         parent, name = open_location(url, storage_options)
-        return [dataclasses.replace(summarize(parent, name, []), path="")]
+        (summary,) = _mark_broken(parent, [summarize(parent, name, [])])
+        return [dataclasses.replace(summary, path="")]
     summaries = [summarize(backend, folder, files) for folder, files in sorted(found.items())]
-    summaries = _mark_parents(backend, summaries)
+    summaries = _mark_parents(backend, _mark_broken(backend, summaries))
     return sorted(summaries, key=lambda s: (s.step is None, s.step or 0, s.path))
+
+
+def _mark_broken(backend: Backend, summaries: list[CheckpointSummary]) -> list[CheckpointSummary]:
+    """Committed deltas whose chain cannot be restored, as "broken" (each link is checked as
+    a restore checks it; a chain that leaves the listed location is not judged)."""
+    out = []
+    for summary in summaries:
+        if (
+            summary.kind == "delta"
+            and summary.parent is not None
+            and _chain_broken(backend, summary)
+        ):
+            summary = dataclasses.replace(summary, status="broken")
+        out.append(summary)
+    return out
+
+
+def _chain_broken(backend: Backend, summary: CheckpointSummary) -> bool:
+    try:
+        parent_folder(backend, summary.path, summary.parent or "")
+    except CheckpointError:
+        return False  # outside the listed location: not judged here
+    try:
+        for _ in iter_manifests(backend, summary.path):
+            pass
+    except CheckpointError:
+        return True
+    return False
 
 
 def _mark_parents(backend: Backend, summaries: list[CheckpointSummary]) -> list[CheckpointSummary]:
