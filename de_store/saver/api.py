@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from de_store.saver import at_exit, core, incremental
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.manifest import Manifest
 
+logger = logging.getLogger(__name__)
 _EXECUTOR_LOCK = threading.Lock()
 _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
 #: The last save submitted: an incremental save's snapshot waits for it to finish.
@@ -92,20 +94,31 @@ def save(
         (a sibling folder of ``url``); it first waits for the previous save to finish, so
         that every rank decides on the same committed checkpoint.
     blocking:
-        Wait for the commit before returning.
+        Wait for the commit before returning. A ``KeyboardInterrupt`` (Ctrl-C) while it
+        waits stops the save before its commit (nothing is committed, the previous
+        checkpoint at ``url`` stays) and is raised once the save has stopped; a save that
+        was already committing finishes, and a warning says it is committed.
     metadata:
         JSON-serialisable values stored in the manifest.
+
+    Raises
+    ------
+    ValueError
+        Two of ``variables`` have the same name (one's rows would replace the other's).
     """
     global _LAST
     saver = _saver_for(saver, saver_options)
     backend, name = core.open_location(url, saver.storage_options)
     target = f"{backend.url.rstrip('/')}/{name}"
+    core.check_unique_names([variable.name for variable in variables], target)
     if saver.incremental is not None and _LAST is not None:
         concurrent.futures.wait([_LAST])  # its commit sets the base (its error is its own)
     rows = incremental.snapshots(variables, saver.incremental, target)
+    cancel = threading.Event()
 
     def write() -> str:
-        core.save_variables(variables, rows, backend, name, saver, metadata=metadata)
+        core.save_variables(variables, rows, backend, name, saver, metadata=metadata,
+                            cancel=cancel)  # fmt: skip
         return url
 
     future = _executor().submit(write)
@@ -113,8 +126,24 @@ def save(
     _LAST = future
     handle = SaveHandle(url, future)
     if blocking:
-        handle.result()
+        _wait_or_stop(future, cancel, target)
     return handle
+
+
+def _wait_or_stop(
+    future: concurrent.futures.Future[str], cancel: threading.Event, where: str
+) -> None:
+    """Wait for a blocking save; on ``KeyboardInterrupt`` stop it before its commit, wait
+    until it has stopped (or committed, when it already was committing), then re-raise."""
+    try:
+        future.result()
+    except KeyboardInterrupt:
+        cancel.set()
+        logger.warning("save of %s interrupted (KeyboardInterrupt): stopping it", where)
+        concurrent.futures.wait([future])
+        if future.exception() is None:
+            logger.warning("save of %s was committing when interrupted: it is committed", where)
+        raise
 
 
 def restore(

@@ -257,11 +257,16 @@ def save_variables(
     saver: Any,
     *,
     metadata: dict[str, Any] | None = None,
+    paths: Sequence[str] = (),
+    cancel: threading.Event | None = None,
 ) -> Manifest | None:
     """:func:`save_checkpoint` with ``saver``'s topology and options, then each variable's
     change base: the new checkpoint once committed; none (the next save is full) if the
-    save failed. Returns the committed manifest (None where this rank does not know it)."""
+    save failed. Returns the committed manifest (None where this rank does not know it).
+
+    ``paths``: the variables' TF checkpoint paths, named when two share a name."""
     target = f"{backend.url.rstrip('/')}/{name}"
+    check_unique_names([r.name for r in rows], target, paths)
     try:
         manifest = save_checkpoint(
             rows,
@@ -272,6 +277,7 @@ def save_variables(
             barrier=saver.barrier,
             metadata=metadata,
             job_id=saver.job_id,
+            cancel=cancel,
         )
     except BaseException:
         for variable, saved in zip(variables, rows, strict=True):

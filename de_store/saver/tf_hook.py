@@ -135,9 +135,13 @@ def _tf_prefix(file_prefix: tf.Tensor) -> str:
 def _save_eagerly(trackables: Mapping[str, Any], names: list[str], prefix: str) -> list[str]:
     """Save every variable into its saver's KV checkpoint; return the URL stored per name."""
     groups: dict[str, list[Any]] = {}
+    paths: dict[str, list[str]] = {}
     for name in names:
         obj = trackables[name]
         groups.setdefault(saver_of(obj).kv_url(prefix), []).append(obj)
+        paths.setdefault(saver_of(obj).kv_url(prefix), []).append(name)
+    for url, objs in groups.items():  # two variables of one name: refuse before any write
+        core.check_unique_names([_variable_of(o).name for o in objs], url, paths[url])
     for url, objs in groups.items():
         saver = saver_of(objs[0])
         backend, folder = core.open_location(url, saver.storage_options)
