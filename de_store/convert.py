@@ -13,6 +13,7 @@ Rows are held one variable and one rank at a time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -134,21 +135,46 @@ def _tfra_loader(
 ) -> Callable[[], Any]:
     values_path = keys_path[: -len(KEYS_SUFFIX)] + VALUES_SUFFIX
     schema = tfra.SchemaInfo(name, dim, key_dtype, value_dtype)
-    key_size = numpy_dtype(key_dtype).itemsize
-    row_size = numpy_dtype(value_dtype).itemsize * dim
+    check = functools.partial(_check_tfra_sizes, backend, keys_path, values_path, schema)
+    check(backend.size(keys_path), backend.size(values_path))  # before anything is written
 
     def load() -> Any:
         keys, values = backend.read_bytes(keys_path), backend.read_bytes(values_path)
-        if len(keys) % key_size or len(values) != len(keys) // key_size * row_size:
-            raise FormatError(
-                f"TFRA files {keys_path} ({len(keys)} bytes) and {values_path} "
-                f"({len(values)} bytes) under {backend.url} do not fit key_dtype={key_dtype}, "
-                f"value_dtype={value_dtype}, dim={dim}: check --dim and the dtypes"
-            )
+        check(len(keys), len(values))
         key_array, value_array, _ = batch_to_numpy(decode_pair(keys, values, schema.arrow_schema()))
         return key_array, {"value": value_array}
 
     return load
+
+
+def _check_tfra_sizes(
+    backend: Backend,
+    keys_path: str,
+    values_path: str,
+    schema: tfra.SchemaInfo,
+    keys_bytes: int,
+    values_bytes: int,
+) -> None:
+    """TFRA files record no dtype or dim; their sizes are what can be checked: a whole
+    number of keys, and keys x dim x itemsize bytes of values."""
+    key_size = numpy_dtype(schema.key_dtype).itemsize
+    item_size = numpy_dtype(schema.value_dtype).itemsize
+    where = backend.url.rstrip("/")
+    if keys_bytes % key_size:
+        raise FormatError(
+            f"TFRA keys file {where}/{keys_path}: expected a whole number of "
+            f"{key_size}-byte {schema.key_dtype} keys, found {keys_bytes} bytes; check --key-dtype"
+        )
+    rows = keys_bytes // key_size
+    expected = rows * schema.dim * item_size
+    if values_bytes != expected:
+        per_row = f" ({values_bytes / rows:g} bytes a row)" if rows else ""
+        raise FormatError(
+            f"TFRA values file {where}/{values_path}: expected {rows:,} keys x dim "
+            f"{schema.dim} x {item_size} bytes ({schema.value_dtype}) = {expected:,} bytes, "
+            f"found {values_bytes:,}{per_row}; TFRA files record no dim or dtype: check "
+            "--dim and --value-dtype"
+        )
 
 
 # --- targets ----------------------------------------------------------------------------
