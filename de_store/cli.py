@@ -16,6 +16,7 @@ import datetime
 import json
 import logging
 import os
+import select
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -110,10 +111,32 @@ def _parser() -> argparse.ArgumentParser:
         "--values-only", action="store_true", help="drop extra columns (optimizer slots)"
     )
 
-    gc = sub.add_parser("gc", parents=[common], help="remove uncommitted and orphaned data")
-    gc.add_argument("url")
-    gc.add_argument("--dry-run", action="store_true", help="list what would be removed")
+    gc = sub.add_parser(
+        "gc",
+        parents=[common],
+        help="list (and with --yes delete) abandoned staging and orphaned checkpoints",
+    )
+    gc.add_argument("url", help="a folder of checkpoints (e.g. run/de_store), not one above")
+    gc.add_argument("--yes", action="store_true", help="delete; without it gc only lists")
+    gc.add_argument("--dry-run", action="store_true", help="only list (the default)")
+    gc.add_argument(
+        "--grace",
+        type=_grace_seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="keep anything modified within this many seconds (default 3600)",
+    )
     return parser
+
+
+def _grace_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -164,16 +187,20 @@ def _report(err: Exception, args: argparse.Namespace) -> int:
 
 
 def _stdout_gone() -> bool:
-    """Whether stdout's reader went away; if so, stdout goes to /dev/null from now on, so
-    that exiting (which flushes it) prints no ``Broken pipe`` error."""
+    """Whether stdout is a pipe whose reader went away (polling it reports an error); if
+    so, stdout goes to /dev/null from now on, so that exiting (which flushes what is left
+    of it) prints no ``Broken pipe`` error."""
     try:
-        sys.stdout.flush()
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return False
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+    except (OSError, ValueError, AttributeError):  # no file descriptor, or no poll()
         return False
-    except BrokenPipeError:
-        with contextlib.suppress(OSError, ValueError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        return True
+    return True
 
 
 def _check_reachable(args: argparse.Namespace) -> None:
@@ -420,13 +447,25 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _cmd_gc(args: argparse.Namespace) -> int:
     from de_store.backends import open_backend
-    from de_store.saver.gc import collect
+    from de_store.saver import gc
 
-    garbage = collect(open_backend(args.url, args.storage_options), dry_run=args.dry_run)
-    verb = "would remove" if args.dry_run else "removed"
-    for item in garbage:
-        print(f"{verb} {item.folder}: {item.reason}")
-    print(f"{verb} {len(garbage)} folder(s) under {args.url}")
+    _require_exists(args.url, args.storage_options)
+    backend = open_backend(args.url, args.storage_options)
+    plan = gc.plan(backend, args.grace)
+    if args.dry_run or not args.yes:
+        for item in plan.remove:
+            print(f"would remove {item.folder}: {item.reason}")
+        for item in plan.kept:
+            print(f"kept {item.folder}: {item.reason}")
+        hint = " (run again with --yes to delete)" if plan.remove else ""
+        print(f"would remove {len(plan.remove)} item(s) under {args.url}{hint}")
+        return EXIT_OK
+    deleted, kept = gc.delete(backend, plan.remove, args.grace)
+    for item in deleted:
+        print(f"removed {item.folder}: {item.reason}")
+    for item in plan.kept + kept:
+        print(f"kept {item.folder}: {item.reason}")
+    print(f"removed {len(deleted)} item(s) under {args.url}")
     return EXIT_OK
 
 
