@@ -3,8 +3,9 @@
 INFO, one line each: a rank's shards written, a checkpoint committed, a restore done, with
 how long it took, how many bytes and rows. Retries log a WARNING with their cause (see
 :mod:`de_store.saver.retry`). The loggers are children of ``logging.getLogger("de_store")``:
-absl's handler (installed by TensorFlow) shows them, and ``logging.getLogger("de_store")
-.setLevel(logging.WARNING)`` silences the INFO lines.
+absl's handler (installed by ``absl.app.run`` or ``absl.logging.use_absl_handler()``) shows
+them at verbosity INFO, and ``logging.getLogger("de_store").setLevel(logging.WARNING)``
+silences the INFO lines.
 """
 
 from __future__ import annotations
