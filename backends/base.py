@@ -156,6 +156,12 @@ class Backend(abc.ABC):
             while chunk := f.read(chunk_size):
                 yield chunk
 
+    def modified(self, path: str) -> float | None:
+        """When the file ``path`` was last written, in seconds since the epoch, as the
+        store reports it; None when the store does not say (callers that delete by age
+        then keep the file)."""
+        return None
+
     def local_path(self, path: str) -> str | None:
         """A local filesystem path for ``path`` (to memory-map it), or None if not local.
 

@@ -13,6 +13,7 @@ between two concurrent writers of the same marker (the check only catches sequen
 from __future__ import annotations
 
 import contextlib
+import datetime
 import posixpath
 from collections.abc import Iterator
 from typing import IO, Any, BinaryIO, cast
@@ -208,6 +209,20 @@ class FsspecBackend(Backend):
             if self.fs.isdir(full):
                 raise IsADirectoryError(full)
             return int(self.fs.size(full))
+
+    def modified(self, path: str) -> float | None:
+        full = self._full(path)
+        with self._translating("check", path):
+            self.fs.invalidate_cache(full)
+            try:
+                when = self.fs.modified(full)
+            except (NotImplementedError, IsADirectoryError, KeyError):
+                return None
+        if not isinstance(when, datetime.datetime):
+            return None
+        if when.tzinfo is None:  # fsspec reports UTC
+            when = when.replace(tzinfo=datetime.UTC)
+        return when.timestamp()
 
     def delete(self, path: str, *, recursive: bool = False) -> None:
         full = self._full(path)

@@ -15,10 +15,9 @@ import posixpath
 import re
 from typing import Any
 
-import fsspec
-
 from de_store.backends import Backend, open_backend
 from de_store.errors import CheckpointError
+from de_store.saver import gc
 from de_store.saver.chain import iter_manifests, parent_folder
 from de_store.saver.commit import (
     ABORT_NAME,
@@ -125,7 +124,7 @@ def summarize(backend: Backend, folder: str, files: list[str]) -> CheckpointSumm
         )
         return CheckpointSummary(
             folder,
-            "orphaned" if _tf_checkpoint_gone(manifest) else "committed",
+            "committed",
             _step_of(folder, manifest),
             float(record["committed"]),
             manifest.bytes,
@@ -144,20 +143,22 @@ def summarize(backend: Backend, folder: str, files: list[str]) -> CheckpointSumm
     )
 
 
-def _tf_checkpoint_gone(manifest: Manifest) -> bool:
-    """Whether the TF checkpoint this KV checkpoint was saved for has been deleted.
+def _mark_orphans(backend: Backend, summaries: list[CheckpointSummary]) -> list[CheckpointSummary]:
+    """Committed checkpoints whose TF checkpoint is gone, as "orphaned".
 
     ``CheckpointManager`` deletes TF checkpoints behind the saver's back; their KV data is
-    removed by the next save or ``de-store gc``, and until then is listed as orphaned.
+    removed by the next save or ``de-store gc``, and until then is listed as orphaned. What
+    counts as gone is what gc deletes (:func:`de_store.saver.gc.tf_checkpoints_gone`).
     """
-    prefix = manifest.metadata.get("tf_prefix")
-    if not isinstance(prefix, str) or not prefix:
-        return False
-    try:
-        fs, path = fsspec.core.url_to_fs(prefix + ".index")
-        return not fs.exists(path)
-    except Exception:
-        return False
+    if not any(s.status == "committed" for s in summaries):
+        return summaries
+    gone = gc.tf_checkpoints_gone(backend)
+    return [
+        dataclasses.replace(s, status="orphaned")
+        if s.status == "committed" and s.path in gone
+        else s
+        for s in summaries
+    ]
 
 
 def list_checkpoints(
@@ -168,10 +169,11 @@ def list_checkpoints(
     found = find_checkpoint_folders(backend)
     if "" in found:  # the URL is a checkpoint folder itself
         parent, name = open_location(url, storage_options)
-        (summary,) = _mark_broken(parent, [summarize(parent, name, [])])
+        (summary,) = _mark_broken(parent, _mark_orphans(parent, [summarize(parent, name, [])]))
         return [dataclasses.replace(summary, path="")]
     summaries = [summarize(backend, folder, files) for folder, files in sorted(found.items())]
-    summaries = _mark_parents(backend, _mark_broken(backend, summaries))
+    summaries = _mark_broken(backend, _mark_orphans(backend, summaries))
+    summaries = _mark_parents(backend, summaries)
     return sorted(summaries, key=lambda s: (s.step is None, s.step or 0, s.path))
 
 

@@ -75,3 +75,12 @@ class DestinationError(BackendError):
 
 class StorageUnreachableError(BackendError, ConnectionError):
     """The storage server of a URL cannot be reached (no network, or a wrong endpoint)."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A KV checkpoint was not saved with the TF checkpoint that restores it."""
+
+
+class GCRefusedError(DeStoreError, ValueError):
+    """``gc`` was pointed at a location it must not clean (a checkpoint, or a folder that
+    holds checkpoints deeper down)."""

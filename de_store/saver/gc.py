@@ -1,55 +1,166 @@
-"""Removing checkpoint data nobody can restore any more.
+"""Removing checkpoint data nobody can restore any more, and nothing else.
 
-- Orphans: committed KV checkpoints written for a TF checkpoint whose bundle is gone
-  (``CheckpointManager(max_to_keep=...)`` deleted it, or the user did), unless a kept
-  checkpoint is a delta that needs it (an ancestor in its incremental chain).
-- Abandoned saves: staging folders and uncommitted checkpoint folders.
+gc works on a folder *of* checkpoints (``run/de_store``, holding ``ckpt-1/``, ``ckpt-2/``)
+and deletes only what de_store wrote and can show to be abandoned, recognised by
+de_store's own file names (:mod:`de_store.saver.staging`):
+
+- staging of saves that never committed: ``NAME.pending/`` folders (with their ``LOCK``),
+  and on object stores (no atomic rename) an uncommitted ``NAME/`` folder, the
+  ``_ranks/<token>/`` folder of a save attempt no commit record names, and shard files no
+  committed manifest references;
+- ``NAME.replaced-*``: the old copy of a rewritten checkpoint, left by a crash;
+- orphans: committed KV checkpoints whose TF checkpoint is gone
+  (``CheckpointManager(max_to_keep=...)`` deleted it), see :func:`find_orphans`.
+
+It refuses a location that is itself a checkpoint, or that holds committed checkpoints
+deeper than its direct children (:func:`check_target`). Anything modified within the
+grace period is kept (a save may be writing it), as is anything whose age the store does
+not report; right before each deletion gc looks again (:func:`delete`), so a save that
+committed or wrote since the plan keeps its data.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import posixpath
+import time
+from collections.abc import Iterable
 
 from de_store.backends.base import Backend
-from de_store.errors import CheckpointError
+from de_store.errors import CheckpointError, GCRefusedError
+from de_store.saver import binding, staging
 from de_store.saver.chain import parent_folder
 from de_store.saver.commit import (
+    COMMIT_PREFIX,
     PENDING_SUFFIX,
-    REPLACED_INFIX,
     committed_folder,
     read_manifest,
 )
 from de_store.saver.manifest import Manifest
 
+#: Default grace period: staging and orphans modified more recently are kept.
+DEFAULT_GRACE_S = 3600.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Garbage:
-    """A folder ``gc`` removes (or would remove, in a dry run), and why."""
+    """A folder or file that ``gc`` removes (or would remove), and why.
+
+    ``kind``: "staging" (``.pending``), "replaced", "uncommitted" (an object-store folder
+    without commit record), "attempt" (``_ranks/<token>``), "shard" (an unreferenced
+    shard file) or "orphan".
+    """
 
     folder: str
     reason: str
+    kind: str = "staging"
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What gc would remove (``remove``), and what it found but keeps (``kept``, with
+    the reason it is kept: younger than the grace period, or of unknown age)."""
+
+    remove: list[Garbage]
+    kept: list[Garbage]
+
+
+# --- where gc may work ------------------------------------------------------------------
+def check_target(backend: Backend, paths: Iterable[str] | None = None) -> None:
+    """Refuse a location that is a checkpoint or holds checkpoints below its children.
+
+    Raises
+    ------
+    GCRefusedError
+        The location holds a commit record, manifest or ``_ranks/`` folder itself, or a
+        committed checkpoint deeper than one folder down (outside staging folders).
+    """
+    where = backend.url.rstrip("/")
+    for path in backend.list("") if paths is None else paths:
+        parts = path.split("/")
+        if (len(parts) == 1 and staging.is_checkpoint_file(parts[0])) or parts[0] == "_ranks":
+            raise GCRefusedError(
+                f"refusing to gc {where}: it is a checkpoint itself ({where}/{path}); point "
+                "gc at the folder that holds the checkpoints, e.g. its parent"
+            )
+        deep = len(parts) > 2 and not parts[0].endswith(PENDING_SUFFIX)
+        record = parts[-1].startswith(COMMIT_PREFIX) and staging.is_checkpoint_file(parts[-1])
+        if deep and record and "_ranks" not in parts:
+            holder = "/".join(parts[:-2])
+            raise GCRefusedError(
+                f"refusing to gc {where}: it holds the committed checkpoint "
+                f"{where}/{'/'.join(parts[:-1])} below its direct children; gc works on a "
+                f"folder of checkpoints: point it at {where}/{holder}"
+            )
+
+
+# --- what is garbage --------------------------------------------------------------------
 def top_folders(backend: Backend) -> list[str]:
     """The names of the folders directly under the backend's root."""
     return sorted({path.split("/", 1)[0] for path in backend.list("") if "/" in path})
 
 
-def find_orphans(backend: Backend, keep: str | None = None) -> list[Garbage]:
-    """Committed checkpoints whose TF checkpoint (``manifest.metadata['tf_prefix']``) is
-    gone, and that no other kept checkpoint's chain needs."""
-    manifests = _committed_manifests(backend)
-    orphans = {}
-    for folder, manifest in manifests.items():
-        prefix = manifest.metadata.get("tf_prefix")
-        if folder == keep or not prefix:
-            continue
-        import tensorflow as tf  # only for checkpoints saved through tf.train.Checkpoint
+def find_abandoned(backend: Backend, paths: Iterable[str] | None = None) -> list[Garbage]:
+    """Staging of saves that never committed, and old copies of rewritten checkpoints,
+    recognised by de_store's names (``paths``: the listing to look at, default all)."""
+    listing = backend.list("") if paths is None else list(paths)
+    by_top: dict[str, list[str]] = {}
+    for path in listing:
+        top, _, rest = path.partition("/")
+        if rest:
+            by_top.setdefault(top, []).append(rest)
+    found = []
+    rename = backend.capabilities.supports_atomic_rename
+    for top, files in sorted(by_top.items()):
+        found += [Garbage(f, r, k) for f, r, k in staging.abandoned_in(backend, top, files, rename)]
+    return found
 
-        if not tf.io.gfile.exists(prefix + ".index"):
-            orphans[folder] = Garbage(folder, f"its TF checkpoint {prefix} no longer exists")
-    needed = _ancestors(backend, manifests, [f for f in manifests if f not in orphans])
-    return [garbage for folder, garbage in orphans.items() if folder not in needed]
+
+def find_orphans(backend: Backend, keep: str | None = None) -> list[Garbage]:
+    """Committed checkpoints whose TF checkpoint is gone, and that no kept checkpoint's
+    incremental chain needs.
+
+    Only de_store's own record (``Manifest.tf_checkpoint``) counts, never user metadata;
+    checkpoints without one (saved by ``de_store.save``, or by versions that kept the TF
+    prefix in ``metadata``) are kept. A TF checkpoint counts as gone only in a TF folder
+    that is demonstrably the one this location serves: ``keep`` (the checkpoint being
+    saved now) records it, or another checkpoint's TF checkpoint is there. A location
+    moved away from its TF checkpoints therefore keeps everything.
+    """
+    manifests = _committed_manifests(backend)
+    gone = tf_checkpoints_gone(backend, manifests, keep)
+    if keep is not None and keep in manifests:  # nothing saved after this one is an orphan
+        created = manifests[keep].created
+        gone = {f for f in gone if manifests[f].created < created}
+    needed = _ancestors(backend, manifests, [f for f in manifests if f not in gone])
+    return [
+        Garbage(folder, "its TF checkpoint no longer exists", "orphan")
+        for folder in sorted(gone)
+        if folder not in needed
+    ]
+
+
+def tf_checkpoints_gone(
+    backend: Backend, manifests: dict[str, Manifest] | None = None, keep: str | None = None
+) -> set[str]:
+    """The committed checkpoints (folder names) whose TF checkpoint is gone; see
+    :func:`find_orphans` for when that counts as known."""
+    if manifests is None:
+        manifests = _committed_manifests(backend)
+    groups: dict[tuple[int, str], dict[str, bool | None]] = {}
+    live: set[tuple[int, str]] = set()
+    for folder, manifest in manifests.items():
+        ref = manifest.tf_checkpoint
+        located = binding.resolve(backend, folder, ref) if ref is not None else None
+        if located is None or posixpath.basename(located[1]) != folder:
+            continue  # no record of ours, or one that does not name this folder: keep
+        fs, prefix = located
+        group = (id(fs), posixpath.dirname(prefix))
+        state = None if folder == keep else binding.tf_checkpoint_state(fs, prefix)
+        groups.setdefault(group, {})[folder] = state
+        if folder == keep or state:
+            live.add(group)
+    return {f for g in live for f, state in groups[g].items() if state is False and f != keep}
 
 
 def _committed_manifests(backend: Backend) -> dict[str, Manifest]:
@@ -81,33 +192,88 @@ def _ancestors(backend: Backend, manifests: dict[str, Manifest], kept: list[str]
     return needed
 
 
-def find_abandoned(backend: Backend) -> list[Garbage]:
-    """Staging folders and folders without a commit record."""
-    found = []
-    for folder in top_folders(backend):
-        if folder.endswith(PENDING_SUFFIX):
-            found.append(Garbage(folder, "staging folder of a save that never committed"))
-        elif REPLACED_INFIX in folder:
-            base = folder.split(REPLACED_INFIX, 1)[0]
-            if committed_folder(backend, base) == base:
-                found.append(Garbage(folder, f"older copy of {base}, replaced by a rewrite"))
-        elif committed_folder(backend, folder) is None:
-            found.append(Garbage(folder, "no commit record: an interrupted or failed save"))
-    return found
+# --- plan, then delete ------------------------------------------------------------------
+def plan(backend: Backend, grace_s: float = DEFAULT_GRACE_S, now: float | None = None) -> Plan:
+    """What gc would remove under ``backend`` now, and what it keeps for its age.
+
+    Raises
+    ------
+    GCRefusedError
+        See :func:`check_target`.
+    ValueError
+        ``grace_s`` is negative.
+    """
+    if not grace_s >= 0:
+        raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
+    listing = backend.list("")
+    check_target(backend, listing)
+    now = time.time() if now is None else now
+    remove, kept = [], []
+    for item in find_abandoned(backend, listing) + find_orphans(backend):
+        why = _too_young(backend, item, grace_s, now)
+        if why is None:
+            remove.append(item)
+        else:
+            kept.append(dataclasses.replace(item, reason=why))
+    return Plan(remove, kept)
 
 
-def remove_orphans(backend: Backend, keep: str | None = None) -> list[Garbage]:
-    """Delete orphaned checkpoints (never ``keep``); return what was deleted."""
+def delete(
+    backend: Backend, items: Iterable[Garbage], grace_s: float = DEFAULT_GRACE_S
+) -> tuple[list[Garbage], list[Garbage]]:
+    """Delete each planned item that is still abandoned and still old enough, looked at
+    again right before its deletion; return ``(deleted, kept)``, kept with the reason."""
+    deleted, kept = [], []
+    orphans: set[str] | None = None
+    for item in items:
+        if item.kind == "orphan":
+            if orphans is None:  # looked at again once, when the first orphan is due
+                orphans = {g.folder for g in find_orphans(backend)}
+            still = item.folder in orphans
+        else:
+            top = item.folder.split("/", 1)[0]
+            still = item in find_abandoned(backend, backend.list(top))
+        why = "no longer abandoned" if not still else _too_young(backend, item, grace_s)
+        if why is None:
+            backend.delete(item.folder, recursive=True)
+            deleted.append(item)
+        else:
+            kept.append(dataclasses.replace(item, reason=why))
+    return deleted, kept
+
+
+def collect(
+    backend: Backend, *, dry_run: bool = False, grace_s: float = DEFAULT_GRACE_S
+) -> list[Garbage]:
+    """Find (and unless ``dry_run`` delete) abandoned and orphaned checkpoint data older
+    than ``grace_s``; return what was (or would be) deleted."""
+    found = plan(backend, grace_s)
+    if dry_run:
+        return found.remove
+    return delete(backend, found.remove, grace_s)[0]
+
+
+def remove_orphans(backend: Backend, keep: str) -> list[Garbage]:
+    """Delete the orphans of the location where ``keep`` was just saved; return them.
+
+    Run by the TF hook after each save (``CheckpointManager`` deletes TF checkpoints
+    behind the saver's back). Without a grace period: ``keep`` anchors the TF folder, and
+    only checkpoints committed before it can be orphans.
+    """
     garbage = find_orphans(backend, keep)
     for item in garbage:
         backend.delete(item.folder, recursive=True)
     return garbage
 
 
-def collect(backend: Backend, *, dry_run: bool = False) -> list[Garbage]:
-    """Find (and unless ``dry_run`` delete) abandoned and orphaned checkpoint data."""
-    garbage = find_abandoned(backend) + find_orphans(backend)
-    if not dry_run:
-        for item in garbage:
-            backend.delete(item.folder, recursive=True)
-    return garbage
+def _too_young(
+    backend: Backend, item: Garbage, grace_s: float, now: float | None = None
+) -> str | None:
+    """Why ``item`` must be kept for its age (None: old enough to delete)."""
+    newest = staging.newest_modification(backend, item.folder)
+    if newest is None:
+        return "its age cannot be determined: the store reports no modification time"
+    age = (time.time() if now is None else now) - newest
+    if age < grace_s:
+        return f"modified {age:.0f} s ago, within the grace period of {grace_s:g} s"
+    return None

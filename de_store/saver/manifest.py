@@ -8,22 +8,31 @@ An incremental checkpoint (format version 2) names its ``parent``; its increment
 hold only the rows changed since the parent and tombstone shards of the keys removed since
 (see :mod:`de_store.saver.chain`). A manifest without incremental entries is written as
 version 1, so readers that predate incremental checkpoints keep reading full ones.
+
+A checkpoint saved for a TF checkpoint (through ``tf.train.Checkpoint``) records which
+one in its own field ``tf_checkpoint`` (:class:`TFCheckpointRef`), apart from the user's
+``metadata``; such manifests are version 3, so older readers refuse them by their version
+instead of failing on the unknown field.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from de_store.errors import CheckpointError
 
 #: The newest manifest version this de_store reads and writes.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: The version of manifests without incremental entries (what older readers understand).
 FULL_FORMAT_VERSION = 1
+#: The version of manifests with incremental entries and no ``tf_checkpoint``.
+INCREMENTAL_FORMAT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +116,49 @@ class RankManifest:
 
 
 @dataclasses.dataclass(frozen=True)
+class TFCheckpointRef:
+    """The TF checkpoint a KV checkpoint was saved for: de_store's own record of it.
+
+    Attributes
+    ----------
+    path: the TF checkpoint's prefix relative to the KV checkpoint folder (``relative``,
+        e.g. ``../../ckpt-3`` for ``run/ckpt-3`` and ``run/de_store/ckpt-3``) when both are
+        on one filesystem, so the pair can move together; else its absolute URL, only
+        ever compared with the location of a TF checkpoint being saved now.
+    relative: whether ``path`` is relative to the KV checkpoint folder.
+    checkpoint_id: random id of the TF save, also saved in the TF checkpoint itself; a
+        restore refuses a KV checkpoint whose id differs from the TF checkpoint's.
+    """
+
+    path: str
+    relative: bool
+    checkpoint_id: str
+
+    def __post_init__(self) -> None:
+        types = (type(self.path), type(self.relative), type(self.checkpoint_id))
+        if types != (str, bool, str) or not self.path or not self.checkpoint_id:
+            raise TypeError(
+                "tf_checkpoint needs a non-empty str path, a bool relative and a non-empty "
+                f"str checkpoint_id, found {dataclasses.asdict(self)}"
+            )
+
+
+_RECORDING: contextvars.ContextVar[TFCheckpointRef | None] = contextvars.ContextVar(
+    "de_store_tf_checkpoint", default=None
+)
+
+
+@contextlib.contextmanager
+def recording(ref: TFCheckpointRef) -> Iterator[None]:
+    """Record ``ref`` in every manifest merged in this context (the TF hook's save)."""
+    token = _RECORDING.set(ref)
+    try:
+        yield
+    finally:
+        _RECORDING.reset(token)
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """The merged manifest of a checkpoint.
 
@@ -125,6 +177,8 @@ class Manifest:
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     parent: str | None = None
     parent_created: float | None = None
+    #: The TF checkpoint this one was saved for (de_store's own field), None otherwise.
+    tf_checkpoint: TFCheckpointRef | None = None
 
     @property
     def bytes(self) -> int:
@@ -163,7 +217,8 @@ def merge_rank_manifests(
     ranks: Sequence[RankManifest], *, metadata: dict[str, Any] | None = None
 ) -> Manifest:
     """Merge every rank's manifest into one; all ranks must agree on each variable and on
-    the parent checkpoint (a ``CheckpointError`` names the rank that does not)."""
+    the parent checkpoint (a ``CheckpointError`` names the rank that does not). Inside
+    :func:`recording` the manifest records that context's TF checkpoint."""
     ordered = sorted(ranks, key=lambda m: m.rank)
     proc_size = ordered[0].proc_size
     parent = (ordered[0].parent, ordered[0].parent_created)
@@ -179,8 +234,9 @@ def merge_rank_manifests(
         for name, entry in rank_manifest.variables.items():
             merged[name] = _merge_entry(merged.get(name), entry, rank_manifest.rank)
     incremental = any(e.incremental for e in merged.values())
+    tf_checkpoint = _RECORDING.get()
     return Manifest(
-        format_version=FORMAT_VERSION if incremental else FULL_FORMAT_VERSION,
+        format_version=_version(incremental, tf_checkpoint),
         created=time.time(),
         proc_size=proc_size,
         variables=merged,
@@ -188,7 +244,15 @@ def merge_rank_manifests(
         metadata=dict(metadata or {}),
         parent=parent[0] if incremental else None,
         parent_created=parent[1] if incremental else None,
+        tf_checkpoint=tf_checkpoint,
     )
+
+
+def _version(incremental: bool, tf_checkpoint: TFCheckpointRef | None) -> int:
+    """The oldest version that holds what the manifest holds."""
+    if tf_checkpoint is not None:
+        return FORMAT_VERSION
+    return INCREMENTAL_FORMAT_VERSION if incremental else FULL_FORMAT_VERSION
 
 
 def _merge_entry(into: VariableEntry | None, entry: VariableEntry, rank: int) -> VariableEntry:
@@ -215,12 +279,15 @@ def _merge_entry(into: VariableEntry | None, entry: VariableEntry, rank: int) ->
 def to_json(obj: Manifest | RankManifest) -> bytes:
     """Serialise a manifest to UTF-8 JSON (stable key order).
 
-    The fields of incremental checkpoints are left out where they hold their defaults, so
-    a full checkpoint's manifest reads as before (version 1) to older readers.
+    The fields of incremental checkpoints and ``tf_checkpoint`` are left out where they
+    hold their defaults, so a full checkpoint's manifest reads as before (version 1) to
+    older readers.
     """
     d = _plain(obj)
     if d.get("parent_created") is None:
         d.pop("parent_created", None)
+    if d.get("tf_checkpoint", 0) is None:
+        del d["tf_checkpoint"]
     if isinstance(obj, RankManifest) and d["parent"] is None:
         d.pop("parent")
     for entry in d["variables"].values():
@@ -268,7 +335,9 @@ def manifest_from_json(data: bytes, where: str) -> Manifest:
                 f"de_store understands ({FORMAT_VERSION}); upgrade de_store"
             )
         variables = {k: _entry_from_dict(v) for k, v in d["variables"].items()}
-        return Manifest(**{**d, "variables": variables})
+        ref = d.get("tf_checkpoint")
+        tf_checkpoint = TFCheckpointRef(**ref) if ref is not None else None
+        return Manifest(**{**d, "variables": variables, "tf_checkpoint": tf_checkpoint})
     except CheckpointError:
         raise
     except (ValueError, KeyError, TypeError) as err:

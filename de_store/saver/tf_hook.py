@@ -18,7 +18,9 @@ location (numbered prefixes, as ``Checkpoint.save`` and ``CheckpointManager`` ma
 
 from __future__ import annotations
 
+import functools
 import posixpath
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,13 +29,16 @@ from tensorflow.python.ops import io_ops
 from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
-from de_store.saver import at_exit, core, gc, incremental, tf_compat
+from de_store.saver import at_exit, binding, core, gc, incremental, manifest, tf_compat
+from de_store.saver.commit import read_manifest
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.rows import VariableRows, io_device_scope
 
 PACKAGE, NAME = "de_store", "DynamicEmbedding"
 _SUFFIX = f"-{PACKAGE}.{NAME}"
 _URL_TENSOR = "de_store_kv_url"
+#: The id of the TF save, also in the KV checkpoint's manifest (``tf_checkpoint``).
+_ID_TENSOR = "de_store_checkpoint_id"
 _RELATIVE = "relative:"
 
 
@@ -111,19 +116,22 @@ def _save_fn(trackables: Mapping[str, Any], file_prefix: tf.Tensor) -> Any:
     io_device = tf_compat.io_device()  # TF passes registered savers no options
 
     def save(prefix: tf.Tensor) -> tf.Tensor:
+        checkpoint_id = uuid.uuid4().hex  # drawn at every save, traced or not
         with io_device_scope(io_device):
-            return tf.constant(_save_eagerly(trackables, names, _tf_prefix(prefix)))
+            urls = _save_eagerly(trackables, names, _tf_prefix(prefix), checkpoint_id)
+        return tf.constant([*urls, checkpoint_id])
 
-    urls = (
+    saved = (
         save(file_prefix)
         if tf.executing_eagerly()
         else tf.py_function(save, [file_prefix], Tout=tf.string)
     )
+    count = len(names)
     tensor_names = [f"{name}/{_URL_TENSOR}" for name in names]
+    tensor_names += [f"{name}/{_ID_TENSOR}" for name in names]
+    tensors = [saved[i] for i in range(count)] + [saved[count]] * count
     with tf.device("CPU:0"):
-        io_ops.save_v2(
-            file_prefix, tensor_names, [""] * len(names), [urls[i] for i in range(len(names))]
-        )
+        io_ops.save_v2(file_prefix, tensor_names, [""] * len(tensor_names), tensors)
     return file_prefix
 
 
@@ -132,8 +140,11 @@ def _tf_prefix(file_prefix: tf.Tensor) -> str:
     return prefix[: -len(_SUFFIX)] if prefix.endswith(_SUFFIX) else prefix
 
 
-def _save_eagerly(trackables: Mapping[str, Any], names: list[str], prefix: str) -> list[str]:
-    """Save every variable into its saver's KV checkpoint; return the URL stored per name."""
+def _save_eagerly(
+    trackables: Mapping[str, Any], names: list[str], prefix: str, checkpoint_id: str
+) -> list[str]:
+    """Save every variable into its saver's KV checkpoint, each bound to the TF checkpoint
+    ``prefix`` by ``checkpoint_id``; return the URL stored per name."""
     groups: dict[str, list[Any]] = {}
     paths: dict[str, list[str]] = {}
     for name in names:
@@ -148,7 +159,9 @@ def _save_eagerly(trackables: Mapping[str, Any], names: list[str], prefix: str) 
         target = f"{backend.url.rstrip('/')}/{folder}"
         variables = [_variable_of(obj) for obj in objs]
         rows = _rows_of(objs, saver, target)
-        core.save_variables(variables, rows, backend, folder, saver, metadata={"tf_prefix": prefix})
+        ref = binding.reference(backend, folder, prefix, checkpoint_id)
+        with manifest.recording(ref):  # de_store's own field, apart from user metadata
+            core.save_variables(variables, rows, backend, folder, saver)
         if saver.topology.is_chief:
             gc.remove_orphans(backend, keep=folder)
     head = posixpath.dirname(prefix)
@@ -202,6 +215,7 @@ def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
     reader = tf.train.load_checkpoint(prefix)
     head = posixpath.dirname(prefix)
     groups: dict[str, list[Any]] = {}
+    ids: dict[str, str | None] = {}
     for name, variable in sorted(trackables.items()):
         if not reader.has_tensor(f"{name}/{_URL_TENSOR}"):
             continue  # saved without a saver: TF's bundle restored its tables
@@ -212,10 +226,20 @@ def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
             else stored
         )
         groups.setdefault(url, []).append(variable)
+        ids[url] = _checkpoint_id(reader, name)
     for url, variables in groups.items():
         saver = saver_of(variables[0]) or FileSystemSaver()
         backend, folder = core.open_location(url, saver.storage_options)
+        checkpoint_id = ids[url]
+        if checkpoint_id is not None:  # TF checkpoints saved before ids were written: none
+            found = saver.options.retry.call(functools.partial(read_manifest, backend, folder))[1]
+            binding.check_binding(found, url, prefix, checkpoint_id)
         core.restore_checkpoint(variables, backend, folder, saver.topology, saver.options)
+
+
+def _checkpoint_id(reader: Any, name: str) -> str | None:
+    tensor = f"{name}/{_ID_TENSOR}"
+    return reader.get_tensor(tensor).decode() if reader.has_tensor(tensor) else None
 
 
 registration.register_checkpoint_saver(

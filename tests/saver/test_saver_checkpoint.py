@@ -94,7 +94,7 @@ def test_checkpoint_manager_removes_kv_data_of_deleted_checkpoints(tmp_path: Pat
     assert kv_folders(tmp_path) == ["ckpt-3", "ckpt-4", "ckpt-5"]
     listing = {s.path: s.status for s in list_checkpoints(str(tmp_path / "de_store"))}
     assert listing == {"ckpt-3": "orphaned", "ckpt-4": "committed", "ckpt-5": "committed"}
-    removed = gc.collect(open_backend(str(tmp_path / "de_store")))
+    removed = gc.collect(open_backend(str(tmp_path / "de_store")), grace_s=0)
     assert [g.folder for g in removed] == ["ckpt-3"]
     assert kv_folders(tmp_path) == ["ckpt-4", "ckpt-5"]
 

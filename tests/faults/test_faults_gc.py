@@ -1,0 +1,377 @@
+"""Cleanup never loses a checkpoint (issue 17, items 1, 2, 3 and 6).
+
+``de-store gc`` deletes only de_store's abandoned staging, in a folder of checkpoints,
+older than its grace period and still abandoned right before the deletion; the cleanup
+inside a TF save trusts no absolute path and no user metadata; a TF checkpoint restores
+only the KV checkpoint saved with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import de_store as ds
+from de_store.backends import open_backend
+from de_store.cli import main
+from de_store.errors import CheckpointMismatchError, GCRefusedError, SaveInterruptedError
+from de_store.saver import core, gc, incremental
+from de_store.saver.barrier import Barrier
+from de_store.saver.commit import committed_folder
+from de_store.saver.topology import Topology
+from tests.conftest import StorageLocation
+
+DIM = 4
+OLD = time.time() - 7200  # older than the default grace period (1 hour)
+
+
+def variable(name: str = "emb", saver: ds.FileSystemSaver | None = None) -> ds.Variable:
+    return ds.Variable(
+        name,
+        key_dtype=tf.int64,
+        value_dtype=tf.float32,
+        dim=DIM,
+        kv_creator=ds.HashTableCreator(saver=saver),
+    )
+
+
+def filled(value: float, saver: ds.FileSystemSaver | None = None) -> ds.Variable:
+    var = variable(saver=saver)
+    var.upsert(tf.range(10, dtype=tf.int64), tf.fill([10, DIM], value))
+    return var
+
+
+def values_of(var: ds.Variable) -> set[float]:
+    return set(np.unique(var.export()[1].numpy()).tolist())
+
+
+def restored_value(url: str, options: dict | None = None) -> set[float]:
+    var = variable()
+    ds.restore([var], url, storage_options=options or {})
+    return values_of(var)
+
+
+def tf_restored_value(prefix: str, saver: ds.FileSystemSaver | None = None) -> set[float]:
+    var = variable(saver=saver or ds.FileSystemSaver())
+    tf.train.Checkpoint(emb=var).read(prefix).expect_partial()
+    return values_of(var)
+
+
+def age(path: Path, when: float = OLD) -> None:
+    """Set the modification time of every file under ``path`` to ``when``."""
+    for file in [path, *path.rglob("*")]:
+        os.utime(file, (when, when))
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def gc_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["gc", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class StopAtBarrier(Barrier):
+    """Sets ``cancel`` when the ranks meet after writing: the save stops before its commit
+    with everything but the commit written (what a crash right before it leaves)."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self.cancel = cancel
+
+    def wait(self, tag: str, timeout_s: float) -> None:
+        self.cancel.set()
+
+
+def interrupted_save(url: str, options: dict | None = None, job_id: str | None = None) -> None:
+    """A save of ``url`` that wrote its shards and rank manifest, then stopped."""
+    backend, name = core.open_location(url, options or {})
+    var = filled(9.0)
+    rows = incremental.snapshots([var], None, url)
+    cancel = threading.Event()
+    with pytest.raises(SaveInterruptedError):
+        core.save_checkpoint(rows, backend, name, Topology(1, 0), core.IOOptions(),
+                             barrier=StopAtBarrier(cancel), cancel=cancel,
+                             job_id=job_id)  # fmt: skip
+
+
+# --- item 1: gc deletes only de_store's abandoned staging, where it may work -------------
+def tf_run(run: Path, steps: int = 2) -> None:
+    """A TF run folder: ``ckpt-N`` TF checkpoints, their KV data in ``de_store/``."""
+    for step in range(1, steps + 1):
+        tf.train.Checkpoint(emb=filled(float(step), ds.FileSystemSaver())).write(
+            str(run / f"ckpt-{step}")
+        )
+
+
+def test_gc_refuses_the_tf_folder_holding_de_store_and_a_users_project(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    project = tmp_path / "myproject"
+    run = project / "runs" / "r1"
+    tf_run(run)
+    for folder in ("src", "data", "runs/r1/notes"):
+        (project / folder).mkdir(parents=True, exist_ok=True)
+        (project / folder / "file.txt").write_text("user data")
+    age(project)
+    before = tree(project)
+    for url, holder in ((run, run / "de_store"), (project, run / "de_store")):
+        code, out, err = gc_cli(capsys, "--yes", "--grace", "0", str(url))
+        assert code == 1 and out == ""
+        assert err == (
+            f"de-store: error: refusing to gc {url}: it holds the committed checkpoint "
+            f"{holder}/ckpt-1 below its direct children; gc works on a folder of checkpoints:"
+            f" point it at {holder}\n"
+        )
+    assert tree(project) == before
+    assert tf_restored_value(str(run / "ckpt-2")) == {2.0}
+
+
+def test_gc_refuses_a_committed_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ds.save([filled(1.0)], str(tmp_path / "ckpt-1"), blocking=True)
+    age(tmp_path)
+    before = tree(tmp_path)
+    code, out, err = gc_cli(capsys, "--yes", "--grace", "0", str(tmp_path / "ckpt-1"))
+    assert code == 1 and out == ""
+    assert err.startswith(f"de-store: error: refusing to gc {tmp_path / 'ckpt-1'}: it is a ")
+    assert "checkpoint itself" in err
+    assert tree(tmp_path) == before
+    assert restored_value(str(tmp_path / "ckpt-1")) == {1.0}
+
+
+def test_gc_in_a_folder_without_checkpoints_deletes_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for folder in ("src", "data", "build.pending", "x.replaced-abc"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "main.py").write_text("print(1)")
+    age(tmp_path)
+    before = tree(tmp_path)
+    code, out, _ = gc_cli(capsys, "--yes", "--grace", "0", str(tmp_path))
+    assert (code, out) == (0, f"removed 0 item(s) under {tmp_path}\n")
+    assert tree(tmp_path) == before
+
+
+def test_gc_lists_without_yes_and_deletes_only_de_stores_staging_with_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    kv = tmp_path / "run" / "de_store"
+    tf_run(tmp_path / "run")
+    interrupted_save(str(kv / "ckpt-3"))  # leaves ckpt-3.pending/<token>/ with LOCK, shards
+    (kv / "notes").mkdir()
+    (kv / "notes" / "todo.txt").write_text("user data")
+    (kv / "mine.pending").mkdir()
+    (kv / "mine.pending" / "todo.txt").write_text("a user's folder named like staging")
+    age(tmp_path)
+    before = tree(kv)
+    code, out, _ = gc_cli(capsys, str(kv))
+    assert code == 0
+    assert out == (
+        "would remove ckpt-3.pending: staging folder of a save that never committed\n"
+        f"would remove 1 item(s) under {kv} (run again with --yes to delete)\n"
+    )
+    assert tree(kv) == before
+    code, out, _ = gc_cli(capsys, "--yes", str(kv))
+    assert code == 0
+    assert out == (
+        "removed ckpt-3.pending: staging folder of a save that never committed\n"
+        f"removed 1 item(s) under {kv}\n"
+    )
+    assert sorted(p.name for p in kv.iterdir()) == ["ckpt-1", "ckpt-2", "mine.pending", "notes"]
+    assert tree(kv) == [p for p in before if not p.startswith("ckpt-3.pending/")]
+    assert tf_restored_value(str(tmp_path / "run" / "ckpt-1")) == {1.0}
+
+
+def test_gc_on_s3_deletes_an_uncommitted_folder_and_refuses_a_checkpoint(
+    capsys: pytest.CaptureFixture[str], s3_location: StorageLocation
+) -> None:
+    root, options = s3_location.url, s3_location.storage_options
+    ds.save([filled(1.0)], f"{root}/A", blocking=True, storage_options=options)
+    interrupted_save(f"{root}/B", options)
+    backend = open_backend(root, options)
+    assert committed_folder(backend, "B") is None and backend.list("B")
+    flags = ["--storage-options", json.dumps(options)]
+    code, _, err = gc_cli(capsys, *flags, "--yes", "--grace", "0", f"{root}/A")
+    assert code == 1 and "it is a checkpoint itself" in err
+    code, out, _ = gc_cli(capsys, *flags, "--yes", "--grace", "0", root)
+    assert code == 0 and out.splitlines() == [
+        "removed B: no commit record and only files of a save: a save that never committed",
+        f"removed 1 item(s) under {root}",
+    ]
+    assert sorted({p.split("/", 1)[0] for p in backend.list("")}) == ["A"]
+    assert restored_value(f"{root}/A", options) == {1.0}
+
+
+def test_gc_on_s3_deletes_a_failed_rewrites_files_but_not_the_committed_ones(
+    s3_location: StorageLocation,
+) -> None:
+    root, options = s3_location.url, s3_location.storage_options
+    ds.save([filled(1.0)], f"{root}/A", blocking=True, storage_options=options)
+    backend = open_backend(root, options)
+    committed = backend.list("A")
+    interrupted_save(f"{root}/A", options)  # a rewrite that never committed
+    left = sorted(set(backend.list("A")) - set(committed))
+    assert left and all(p.startswith("A/emb/") or p.startswith("A/_ranks/") for p in left)
+    removed = gc.collect(backend, grace_s=0)
+    assert sorted(g.kind for g in removed) == ["attempt", "shard"]
+    assert backend.list("A") == committed
+    assert restored_value(f"{root}/A", options) == {1.0}
+
+
+# --- item 2: a grace period, and a second look right before each deletion --------------
+def test_gc_keeps_staging_younger_than_the_grace_period(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ds.save([filled(1.0)], str(tmp_path / "ckpt-1"), blocking=True)
+    interrupted_save(str(tmp_path / "ckpt-2"))
+    interrupted_save(str(tmp_path / "ckpt-3"))
+    age(tmp_path / "ckpt-2.pending")
+    age(tmp_path / "ckpt-3.pending", time.time() - 600)  # 10 minutes: a save may still run
+    code, out, _ = gc_cli(capsys, "--yes", str(tmp_path))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "removed ckpt-2.pending: staging folder of a save that never committed"
+    assert lines[1].startswith("kept ckpt-3.pending: modified 60")
+    assert lines[1].endswith(" s ago, within the grace period of 3600 s")
+    assert lines[2:] == [f"removed 1 item(s) under {tmp_path}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-1", "ckpt-3.pending"]
+    code, out, _ = gc_cli(capsys, "--yes", "--grace", "300", str(tmp_path))
+    assert code == 0 and out.startswith("removed ckpt-3.pending: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-1"]
+    code, _, err = gc_cli(capsys, "--grace", "-1", str(tmp_path))
+    assert code == 2 and "--grace: must be a number of seconds >= 0, got '-1'" in err
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_a_save_that_commits_after_gc_planned_keeps_its_data(
+    request: pytest.FixtureRequest, store: str
+) -> None:
+    location: StorageLocation = request.getfixturevalue(f"{store}_location")
+    root, options = location.url, location.storage_options
+    backend = open_backend(root, options)
+    ds.save([filled(1.0)], f"{root}/A", blocking=True, storage_options=options)
+    interrupted_save(f"{root}/B", options, job_id="job-7")
+    planned = gc.plan(backend, grace_s=0)
+    assert [g.folder for g in planned.remove] == ["B.pending" if store == "local" else "B"]
+    # the job's retry commits B between gc's decision and its deletion
+    ds.save([filled(2.0)], f"{root}/B", blocking=True, storage_options=options, job_id="job-7")
+    deleted, kept = gc.delete(backend, planned.remove, grace_s=0)
+    assert deleted == [] and [k.reason for k in kept] == ["no longer abandoned"]
+    assert restored_value(f"{root}/B", options) == {2.0}
+    assert restored_value(f"{root}/A", options) == {1.0}
+
+
+def test_a_save_that_wrote_after_gc_planned_keeps_its_staging(tmp_path: Path) -> None:
+    backend = open_backend(str(tmp_path))
+    interrupted_save(str(tmp_path / "B"))
+    age(tmp_path)
+    planned = gc.plan(backend)  # default grace: old enough
+    assert [g.folder for g in planned.remove] == ["B.pending"]
+    lock = next((tmp_path / "B.pending").glob("*/LOCK"))
+    os.utime(lock)  # a save working in it now
+    deleted, kept = gc.delete(backend, planned.remove)
+    assert deleted == [] and kept[0].reason.startswith("modified 0 s ago, within the grace")
+    assert lock.exists()
+
+
+# --- item 3: the cleanup inside a TF save --------------------------------------------
+def test_a_moved_run_folder_saved_once_more_keeps_its_checkpoints(tmp_path: Path) -> None:
+    tf_run(tmp_path / "run")
+    moved = tmp_path / "moved"
+    shutil.move(tmp_path / "run", moved)
+    tf.train.Checkpoint(emb=filled(3.0, ds.FileSystemSaver())).write(str(moved / "ckpt-3"))
+    assert sorted(p.name for p in (moved / "de_store").iterdir()) == ["ckpt-1", "ckpt-2", "ckpt-3"]
+    for step in (1, 2, 3):
+        assert tf_restored_value(str(moved / f"ckpt-{step}")) == {float(step)}
+
+
+def test_a_relative_prefix_saved_from_another_directory_keeps_its_checkpoints(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    tf.train.Checkpoint(emb=filled(1.0, ds.FileSystemSaver())).write("run/ckpt-1")
+    monkeypatch.chdir(tmp_path)
+    tf.train.Checkpoint(emb=filled(2.0, ds.FileSystemSaver())).write("a/run/ckpt-2")
+    kv = tmp_path / "a" / "run" / "de_store"
+    assert sorted(p.name for p in kv.iterdir()) == ["ckpt-1", "ckpt-2"]
+    age(kv)
+    code, out, _ = gc_cli(capsys, "--yes", "--grace", "0", "a/run/de_store")
+    assert (code, out) == (0, "removed 0 item(s) under a/run/de_store\n")
+    assert tf_restored_value("a/run/ckpt-1") == {1.0}
+    manifest = json.loads((kv / "ckpt-1" / "manifest-000001.json").read_text())
+    assert manifest["tf_checkpoint"]["path"] == "../../ckpt-1"
+    assert manifest["tf_checkpoint"]["relative"] is True
+    assert manifest["metadata"] == {} and manifest["format_version"] == 3
+
+
+def test_user_metadata_tf_prefix_does_not_make_a_checkpoint_an_orphan(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    kv = tmp_path / "run" / "de_store"
+    gone = str(tmp_path / "gone" / "ckpt-1")  # as old manifests kept it, or a user's key
+    ds.save([filled(1.0)], str(kv / "ckpt-1"), blocking=True, metadata={"tf_prefix": gone})
+    tf.train.Checkpoint(emb=filled(2.0, ds.FileSystemSaver())).write(str(tmp_path / "run" / "c2"))
+    assert sorted(p.name for p in kv.iterdir()) == ["c2", "ckpt-1"]
+    age(kv)
+    assert gc_cli(capsys, "--yes", "--grace", "0", str(kv))[0] == 0
+    assert restored_value(str(kv / "ckpt-1")) == {1.0}
+    code, out, _ = main(["ls", "--json", str(kv)]), capsys.readouterr().out, None
+    assert code == 0
+    assert {s["path"]: s["status"] for s in json.loads(out)} == {
+        "c2": "committed",
+        "ckpt-1": "committed",
+    }
+    manifest = json.loads((kv / "ckpt-1" / "manifest-000001.json").read_text())
+    assert manifest["metadata"] == {"tf_prefix": gone} and "tf_checkpoint" not in manifest
+
+
+def test_a_deleted_tf_checkpoint_still_makes_its_kv_data_an_orphan(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    tf_run(run, steps=2)
+    for path in run.glob("ckpt-1.*"):
+        path.unlink()  # as CheckpointManager(max_to_keep=...) deletes it
+    tf.train.Checkpoint(emb=filled(3.0, ds.FileSystemSaver())).write(str(run / "ckpt-3"))
+    assert sorted(p.name for p in (run / "de_store").iterdir()) == ["ckpt-2", "ckpt-3"]
+    # a KV folder moved away from its TF checkpoints: nothing there is known to be gone
+    shutil.move(run / "de_store", tmp_path / "elsewhere")
+    assert gc.collect(open_backend(str(tmp_path / "elsewhere")), grace_s=0) == []
+
+
+# --- item 6: a KV folder is bound to its TF checkpoint -------------------------------
+def test_two_runs_sharing_a_save_path_refuse_the_overwritten_checkpoint(tmp_path: Path) -> None:
+    shared = str(tmp_path / "shared_kv")
+    run1, run2 = str(tmp_path / "run1" / "ckpt-1"), str(tmp_path / "run2" / "ckpt-1")
+    tf.train.Checkpoint(emb=filled(1.0, ds.FileSystemSaver(save_path=shared))).write(run1)
+    tf.train.Checkpoint(emb=filled(2.0, ds.FileSystemSaver(save_path=shared))).write(run2)
+    reader = tf.train.load_checkpoint(run1)
+    (id_name,) = [n for n in reader.get_variable_to_shape_map() if "checkpoint_id" in n]
+    run1_id = reader.get_tensor(id_name).decode()
+    run2_id = tf.train.load_checkpoint(run2).get_tensor(id_name).decode()
+    assert run1_id != run2_id and len(run1_id) == 32
+    with pytest.raises(CheckpointMismatchError) as raised:
+        tf_restored_value(run1, ds.FileSystemSaver(save_path=shared))
+    assert str(raised.value) == (
+        f"TF checkpoint {run1} (checkpoint id {run1_id}) does not match its KV checkpoint "
+        f"{shared}/ckpt-1, which holds the KV data of TF checkpoint id {run2_id}: another "
+        "save wrote that folder since (two runs sharing one save_path?); give each run its "
+        "own save_path"
+    )
+    assert tf_restored_value(run2, ds.FileSystemSaver(save_path=shared)) == {2.0}
+
+
+def test_gc_refusal_is_a_de_store_error(tmp_path: Path) -> None:
+    ds.save([filled(1.0)], str(tmp_path / "ckpt-1"), blocking=True)
+    with pytest.raises(GCRefusedError, match="it is a checkpoint itself"):
+        gc.plan(open_backend(str(tmp_path / "ckpt-1")))
