@@ -13,7 +13,9 @@ the page cache was dropped:
   and ``{side}_verified`` (the first 1000 rows of every batch read back exactly);
 * ``{side}_import_s``: importing the library and TensorFlow, timed apart.
 
-The sides run in turn for ``--rounds`` rounds; each timing is the best of its rounds.
+``{side}_{step}_cpu_s`` is the CPU time of the step's process (every thread), which other
+load on a shared machine changes less than the wall-clock time. The sides run in turn for
+``--rounds`` rounds; each timing is the best of its rounds.
 
 References on the same bytes (``N * 8`` key bytes + ``N * dim * 4`` value bytes):
 ``raw_write_fsync_s`` (``numpy.tofile`` + fsync) and ``raw_read_s`` (``numpy.fromfile``,
@@ -80,7 +82,7 @@ def phase_fill_save(args: argparse.Namespace) -> None:
     batches = list(harness.rows(args.keys, args.dim))
     import_s, (tf, de, creator) = harness.timed(lambda: import_side(args.side))
     out: dict[str, Any] = {"import_s": import_s}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     variable = make_variable(de, creator, tf, args.dim)
     for i, (keys, values) in enumerate(batches):
         variable.upsert(tf.constant(keys), tf.constant(values))
@@ -88,10 +90,12 @@ def phase_fill_save(args: argparse.Namespace) -> None:
             variable.size().numpy()
             out["first_upsert_s"] = time.perf_counter() - start
     out["filled_keys"] = int(variable.size().numpy())
-    out["fill_s"] = time.perf_counter() - start
+    out["fill_s"], out["fill_cpu_s"] = time.perf_counter() - start, time.process_time() - cpu
     checkpoint = tf.train.Checkpoint(embedding=variable)
     prefix = os.path.join(args.dir, args.side, "ckpt")
+    cpu = time.process_time()
     out["save_s"], _ = harness.timed(lambda: checkpoint.write(prefix))
+    out["save_cpu_s"] = time.process_time() - cpu
     harness.emit(out)
 
 
@@ -100,10 +104,11 @@ def phase_restore(args: argparse.Namespace) -> None:
     variable = make_variable(de, creator, tf, args.dim)
     checkpoint = tf.train.Checkpoint(embedding=variable)
     prefix = os.path.join(args.dir, args.side, "ckpt")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     checkpoint.read(prefix)
     restored = int(variable.size().numpy())
     out: dict[str, Any] = {"import_s": import_s, "restore_s": time.perf_counter() - start}
+    out["restore_cpu_s"] = time.process_time() - cpu
     keys, values = harness.sample_rows(args.keys, args.dim)
     found, exists = variable.lookup(tf.constant(keys), return_exists=True)
     out["restored_keys"] = restored
