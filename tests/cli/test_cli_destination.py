@@ -153,3 +153,10 @@ def test_demo_passes_storage_options_to_save_restore_and_inspect_commands(
     for command in commands:
         assert main(shlex.split(command)[1:]) == 0
     assert "ckpt-2" in capsys.readouterr().out
+    lines = [line.strip() for line in out.splitlines()]
+    start = lines.index("open a shard with pyarrow:") + 1
+    snippet = lines[start : start + 5]
+    assert snippet[2].startswith("fs, path = fsspec.core.url_to_fs(") and options[1:-1] in (
+        snippet[2].replace("'", '"')
+    )
+    exec("\n".join(snippet), {})  # the printed snippet opens the shard on S3
