@@ -95,10 +95,10 @@ def test_gc_dry_run_lists_then_gc_removes_only_abandoned(capsys, tmp_path: Path)
     sample_checkpoint(str(tmp_path), rows=10, step=1)
     (tmp_path / "ckpt-2.pending" / "_ranks").mkdir(parents=True)
     (tmp_path / "ckpt-2.pending" / "_ranks" / "rank-00000.json").write_text("{}")
-    code, out, _ = run(capsys, "gc", "--dry-run", str(tmp_path))
+    code, out, _ = run(capsys, "gc", "--dry-run", "--grace", "0", str(tmp_path))
     assert code == 0 and "would remove ckpt-2.pending" in out
     assert (tmp_path / "ckpt-2.pending").exists()
-    code, out, _ = run(capsys, "gc", str(tmp_path))
+    code, out, _ = run(capsys, "gc", "--yes", "--grace", "0", str(tmp_path))
     assert code == 0 and "removed ckpt-2.pending" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-1"]
 

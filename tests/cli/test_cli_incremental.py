@@ -252,25 +252,29 @@ def test_a_corrupt_link_fails_compact_and_leaves_nothing(tmp_path) -> None:
 
 
 def test_ls_marks_an_orphan_a_kept_delta_needs_as_parent_and_gc_keeps_it(tmp_path) -> None:
-    gone, kept = str(tmp_path / "tf" / "gone"), tmp_path / "tf" / "kept"
-    kept.parent.mkdir()
-    Path(f"{kept}.index").write_bytes(b"")
-    variable = make_variable("emb")
+    kv, tf_dir = tmp_path / "kv", tmp_path / "tf"
+    saver = ds.FileSystemSaver(save_path=str(kv), incremental=True)
+    variable = ds.Variable("emb", dim=DIM, kv_creator=ds.HashTableCreator(saver=saver))
     variable.upsert(tf.range(ROWS, dtype=tf.int64), tf.ones([ROWS, DIM]))
-    for step, prefix in ((1, gone), (2, gone), (3, str(kept))):
-        url = str(tmp_path / f"ckpt-{step}")
-        ds.save([variable], url, incremental=True, blocking=True, metadata={"tf_prefix": prefix})
+    for step in (1, 2, 3):  # a full checkpoint, then two deltas
+        tf.train.Checkpoint(emb=variable).write(str(tf_dir / f"ckpt-{step}"))
         variable.upsert(tf.constant([step], tf.int64), tf.zeros([1, DIM]))
-    ds.save([variable], str(tmp_path / "ckpt-4"), blocking=True, metadata={"tf_prefix": gone})
-    found = {s["path"]: s for s in json.loads(run_main("ls", "--json", str(tmp_path))[1])}
+    full = ds.Variable("emb", dim=DIM, kv_creator=ds.HashTableCreator(saver=ds.FileSystemSaver(
+        save_path=str(kv))))  # fmt: skip
+    tf.train.Checkpoint(emb=full).write(str(tf_dir / "ckpt-4"))
+    for step in (1, 2, 4):  # TF checkpoints deleted, as CheckpointManager deletes them
+        for path in tf_dir.glob(f"ckpt-{step}.*"):
+            path.unlink()
+    found = {s["path"]: s for s in json.loads(run_main("ls", "--json", str(kv))[1])}
     assert {p: (s["status"], s["kind"]) for p, s in found.items()} == {
         "ckpt-1": ("parent", "full"),
         "ckpt-2": ("parent", "delta"),
         "ckpt-3": ("committed", "delta"),
         "ckpt-4": ("orphaned", "full"),
     }
-    assert main(["gc", str(tmp_path)]) == 0  # gc agrees: only the unneeded orphan goes
-    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-1", "ckpt-2", "ckpt-3"]
+    # gc agrees: only the unneeded orphan goes
+    assert main(["gc", "--yes", "--grace", "0", str(kv)]) == 0
+    assert sorted(p.name for p in kv.glob("ckpt-*")) == ["ckpt-1", "ckpt-2", "ckpt-3"]
 
 
 def test_verify_reads_a_deltas_tombstones_and_checks_its_links(tmp_path, capsys) -> None:

@@ -58,7 +58,7 @@ def check_after_kill(url: str, options: dict[str, Any]) -> dict[str, Any]:
     with pytest.raises(ds.errors.CheckpointNotFoundError):
         restored(f"{url}/B", options)
     lost = int(restored(f"{url}/A", options) != expected_content(1))
-    removed = [g.folder for g in gc.collect(backend)]
+    removed = [g.folder for g in gc.collect(backend, grace_s=0)]
     left = sorted({p.split("/", 1)[0] for p in backend.list("")})
     assert left == ["A"], (left, removed)
     lost += int(restored(f"{url}/A", options) != expected_content(1))

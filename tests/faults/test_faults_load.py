@@ -66,9 +66,9 @@ def test_200_async_saves_while_training_keep_memory_flat_and_the_last_3(tmp_path
     committed = sorted(p for p, status in listing.items() if status == "committed")
     assert committed == ["ckpt-198", "ckpt-199", "ckpt-200"], listing
     assert set(listing) - set(committed) <= {"ckpt-197"}, listing
-    assert {g.folder for g in gc.collect(open_backend(str(kv_root)))} == set(listing) - set(
-        committed
-    )
+    assert {g.folder for g in gc.collect(open_backend(str(kv_root)), grace_s=0)} == set(
+        listing
+    ) - set(committed)
     assert sorted(p.name for p in kv_root.iterdir()) == committed
     for number, expected in saved.items():
         restored = new_embedding()

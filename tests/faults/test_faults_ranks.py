@@ -33,7 +33,7 @@ def check_nothing_committed(url: str, options: dict[str, Any], case: str) -> Non
     backend = open_backend(url, options)
     assert committed_folder(backend, "B") is None
     assert restored(f"{url}/A", options) == expected_content(1, proc_size=2)
-    gc.collect(backend)
+    gc.collect(backend, grace_s=0)
     assert sorted({p.split("/", 1)[0] for p in backend.list("")}) == ["A"]
     RESULTS.append({"case": case, "lost": 0, "wrong": 0})
 
