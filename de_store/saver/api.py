@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from de_store.saver import at_exit, core, incremental
+from de_store.saver.destination import check_destination
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.manifest import Manifest
 
@@ -105,12 +106,16 @@ def save(
     ------
     ValueError
         Two of ``variables`` have the same name (one's rows would replace the other's).
+    DestinationError
+        ``url`` cannot take a checkpoint: a file is in the way, or a local folder cannot
+        be written (see :mod:`de_store.saver.destination`).
     """
     global _LAST
     saver = _saver_for(saver, saver_options)
     backend, name = core.open_location(url, saver.storage_options)
     target = f"{backend.url.rstrip('/')}/{name}"
     core.check_unique_names([variable.name for variable in variables], target)
+    check_destination(backend, name)  # before the snapshot, raised here rather than later
     if saver.incremental is not None and _LAST is not None:
         concurrent.futures.wait([_LAST])  # its commit sets the base (its error is its own)
     rows = incremental.snapshots(variables, saver.incremental, target)

@@ -104,9 +104,8 @@ def variable() -> ds.Variable:
 def test_save_aimed_at_a_file_fails_before_writing_anything(tmp_path: Path) -> None:
     target = tmp_path / "afile.txt"
     target.write_text("keep me")
-    handle = ds.save([variable()], str(target))
     with pytest.raises(DestinationError) as info:
-        handle.result()
+        ds.save([variable()], str(target))  # raised here, before the tables are read
     assert str(info.value) == (
         f"cannot save checkpoint {target}: {target} is a file, expected a folder (or nothing)"
     )
