@@ -40,12 +40,13 @@ class RestrictPolicy(tf.Module, abc.ABC):
                 f"variable '{self._var.name}': expected 0 <= num_reserved <= trigger, "
                 f"got num_reserved={num_reserved}, trigger={trigger}"
             )
-        keys, _ = self._var.export()
-        status = tf.reshape(self.status.lookup(keys), [-1])
-        count = tf.size(keys, out_type=tf.int32)
-        excess = tf.where(count > trigger, count - num_reserved, 0)
-        order = tf.argsort(status, stable=True)
-        self._var.remove(tf.gather(keys, order[:excess]))
+        with self._var.exclusive():  # no update between the ranking and the removal
+            keys, _ = self._var.export()
+            status = tf.reshape(self.status.lookup(keys), [-1])
+            count = tf.size(keys, out_type=tf.int32)
+            excess = tf.where(count > trigger, count - num_reserved, 0)
+            order = tf.argsort(status, stable=True)
+            self._var.remove(tf.gather(keys, order[:excess]))
 
 
 class TimestampRestrictPolicy(RestrictPolicy):
@@ -65,11 +66,12 @@ class TimestampRestrictPolicy(RestrictPolicy):
 
     def apply_update(self, keys: tf.Tensor) -> None:
         """Stamp ``keys`` with the next clock value."""
-        now = tf.cast(tf.timestamp() * 1e6, tf.int64)
-        stamp = tf.maximum(now, self.clock + 1)
-        self.clock.assign(stamp)
-        stamps = tf.fill(tf.stack([tf.size(keys), 1]), stamp)
-        self.status.upsert(keys, stamps)
+        with self._var.exclusive():  # eager updates from several threads: one clock
+            now = tf.cast(tf.timestamp() * 1e6, tf.int64)
+            stamp = tf.maximum(now, self.clock + 1)
+            self.clock.assign(stamp)
+            stamps = tf.fill(tf.stack([tf.size(keys), 1]), stamp)
+            self.status.upsert(keys, stamps)
 
 
 class FrequencyRestrictPolicy(RestrictPolicy):

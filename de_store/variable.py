@@ -8,9 +8,11 @@ tables with the same keys, devices and partitioner, so every key's state sits on
 
 from __future__ import annotations
 
+import functools
+import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -22,7 +24,19 @@ if TYPE_CHECKING:  # importing de_store.tables creates TF constants, which fixes
     from de_store.tables.base import TableCore
 
 _INT_KEYS = (tf.int32, tf.int64)
+_T = TypeVar("_T")
 _REGISTRY: weakref.WeakValueDictionary[str, Variable] = weakref.WeakValueDictionary()
+
+
+def _exclusive(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Run ``method`` holding the Variable's lock (:meth:`Variable.exclusive`)."""
+
+    @functools.wraps(method)
+    def run(self: Variable, *args: Any, **kwargs: Any) -> _T:
+        with self._lock:  # type: ignore[attr-defined]
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class HashTableCreator:
@@ -69,6 +83,13 @@ class Variable(tf.Module):
 
     Every method works eagerly and inside ``tf.function``. ``remove`` and ``clear`` act
     on the companions (optimizer slots, restrict status) too, so a key's state goes with it.
+
+    Threads: every method may be called from any number of threads, and from
+    ``tf.function`` s running at the same time. Each call on one shard is atomic (its table
+    core holds its mutex while the call's ops run). Eager calls also hold the Variable's
+    lock (a Python lock shared with its companions), so an eager call is atomic over all
+    shards and companions; :meth:`exclusive` holds it over several calls (a restore, a
+    snapshot). Inside a running graph only the table mutexes apply.
     """
 
     change_base: Any
@@ -103,6 +124,7 @@ class Variable(tf.Module):
         self._shards = self._create_shards()
         self._companions: dict[str, Variable] = {}
         object.__setattr__(self, "_wrappers", {})  # per-batch rows: never checkpointed
+        object.__setattr__(self, "_lock", threading.RLock())  # shared with the companions
         #: What the last committed checkpoint of this variable was (owned by the saver;
         #: None: the next save is a full one).
         object.__setattr__(self, "change_base", None)
@@ -209,6 +231,7 @@ class Variable(tf.Module):
             return values, tf.reshape(exists, tf.shape(keys))
         return values
 
+    @_exclusive
     def _lookup_flat(self, flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         default = self._initializer.constant_default()
         positions, values, exists = [], [], []
@@ -227,6 +250,7 @@ class Variable(tf.Module):
             merged = tf.where(found[:, None], merged, fresh)
         return merged, found
 
+    @_exclusive
     def upsert(self, keys: Any, values: Any) -> None:
         """Insert or overwrite the rows of ``keys``."""
         values = self._rows(values)
@@ -236,6 +260,7 @@ class Variable(tf.Module):
             with tf.device(device):
                 shard.insert(shard_keys, self._for_shard(values, shard_pos))
 
+    @_exclusive
     def load_distinct(self, keys: Any, values: Any) -> None:
         """Bulk-insert keys absent from every shard and distinct (a restore's rows); see
         ``TableCore.load_distinct``. On ``RepeatedKeysError`` clear the variable."""
@@ -246,6 +271,7 @@ class Variable(tf.Module):
             with tf.device(device):
                 shard.load_distinct(shard_keys, self._for_shard(values, shard_pos))
 
+    @_exclusive
     def accum(self, keys: Any, deltas: Any, insert_missing: bool = True) -> None:
         """Add ``deltas`` to the rows of ``keys`` (duplicates sum); see ``TableCore.accum``."""
         deltas = self._rows(deltas, what="deltas")
@@ -255,6 +281,7 @@ class Variable(tf.Module):
             with tf.device(device):
                 shard.accum(shard_keys, self._for_shard(deltas, shard_pos), insert_missing)
 
+    @_exclusive
     def write_back(
         self, keys: tf.Tensor, old: tf.Tensor, new: tf.Tensor, existed: tf.Tensor
     ) -> None:
@@ -274,6 +301,7 @@ class Variable(tf.Module):
         self.upsert(tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_old, absent))
         self.accum(keys, new - old, True)
 
+    @_exclusive
     def remove(self, keys: Any) -> None:
         """Remove ``keys`` from the values and from every companion; missing keys are ignored."""
         for shard, device, (shard_keys, _) in zip(
@@ -284,6 +312,7 @@ class Variable(tf.Module):
         for companion in self._companions.values():
             companion.remove(keys)
 
+    @_exclusive
     def size(self) -> tf.Tensor:
         """Number of keys over all shards (int64 scalar)."""
         sizes = []
@@ -292,6 +321,7 @@ class Variable(tf.Module):
                 sizes.append(tf.cast(shard.size(), tf.int64))
         return tf.add_n(sizes)
 
+    @_exclusive
     def clear(self) -> None:
         """Remove every key from the values and from every companion."""
         for shard, device in zip(self._shards, self.devices, strict=True):
@@ -301,6 +331,7 @@ class Variable(tf.Module):
             companion.clear()
         object.__setattr__(self, "change_base", None)  # no history: the next save is full
 
+    @_exclusive
     def export(self) -> tuple[tf.Tensor, tf.Tensor]:
         """Return ``(keys [n], values [n, dim])`` over all shards."""
         keys, values = [], []
@@ -311,11 +342,22 @@ class Variable(tf.Module):
             values.append(shard_values)
         return tf.concat(keys, axis=0), tf.concat(values, axis=0)
 
+    def exclusive(self) -> threading.RLock:
+        """The Variable's lock, to hold over several calls: ``with var.exclusive(): ...``.
+
+        Shared with the companions and reentrant; eager calls of every method take it. It
+        is taken before any table mutex and never while one is held, so holding it cannot
+        deadlock with running graphs. A graph does not take it: a ``tf.function`` running
+        meanwhile still changes the tables, one whole call at a time.
+        """
+        return self._lock  # type: ignore[no-any-return]
+
     # ---- companions and restriction -----------------------------------------------------
     def companions(self) -> dict[str, Variable]:
         """Companion tables by column name (``"adam_m"``, ``"timestamp"``, ...)."""
         return dict(self._companions)
 
+    @_exclusive
     def companion(
         self, column: str, dim: int, value_dtype: tf.DType, initializer: Any = None
     ) -> Variable:
@@ -346,6 +388,7 @@ class Variable(tf.Module):
                 epoch = max(table.change_epoch() for table in self._shards)
                 for table in created.tables():
                     table.set_change_epoch(epoch)
+        object.__setattr__(created, "_lock", self._lock)
         self._companions[column] = created
         return created
 
@@ -360,6 +403,7 @@ class Variable(tf.Module):
     def _tracks_changes(self) -> bool:
         return all(table.track_changes for table in self._shards)
 
+    @_exclusive
     def next_change_epoch(self) -> int:
         """Take a snapshot mark: return the current change epoch (the newest stamp of every
         row written so far) and move every table of the variable to the next one, so that
@@ -375,6 +419,7 @@ class Variable(tf.Module):
             table.set_change_epoch(mark + 1)
         return mark
 
+    @_exclusive
     def restrict(self, num_reserved: int, trigger: int | None = None) -> None:
         """Keep the ``num_reserved`` keys the restrict policy ranks first when the size
         exceeds ``trigger`` (default ``num_reserved``); see ``de_store.restrict``."""

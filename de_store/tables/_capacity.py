@@ -26,6 +26,10 @@ class CapacityOps:
         slots; ``TableOps`` places."""
         raise NotImplementedError
 
+    def size(self) -> tf.Tensor:
+        """The number of keys held."""
+        return self.t.num_keys.read_value()
+
     def prepare(self, count: tf.Tensor) -> None:
         """Grow the index and the row store once for ``count`` more keys (a bulk load)."""
         self.reserve(count)

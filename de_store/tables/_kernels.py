@@ -2,7 +2,7 @@
 
 :class:`Kernels` holds the compiled functions of one :class:`Config`, shared by its tables;
 each builds the ops of one operation with :class:`~de_store.tables._probe.TableOps` over
-the variables it is given.
+the variables it is given, holding the table's mutex (:mod:`._locking`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from de_store.tables._index import handle_variable
+from de_store.tables._locking import critical_section
 from de_store.tables._probe import TableOps
 from de_store.tables._tracking import STAMP_DTYPE
 
@@ -34,6 +35,9 @@ class Config:
     #: scatter keeps an arbitrary writer and may mix the columns of two, so tables there
     #: confirm races (and pick the last of repeated keys) with extra rounds.
     serial_scatter: bool = False
+    #: Whether the kernels hold the table's mutex. Tables always do; kernels without it
+    #: exist to measure the lock's cost (``de_store.testing.tables.without_lock``).
+    locked: bool = True
 
 
 class State(NamedTuple):
@@ -71,33 +75,36 @@ class Kernels:
     """The ``tf.function`` s of every table of one :class:`Config`, variables passed in.
 
     A function is traced once per config, not once per table: tests and models create many
-    small tables of a few configs. Kernels do not call each other as functions: a nested
-    ``tf.function`` given variables would bind the first caller's variables.
+    small tables of a few configs. Each kernel takes the table's mutex first and releases
+    it after its last op, so one table's operations run one at a time, whole; kernels do
+    not call each other (the mutex is not reentrant).
     """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
-        names += ["clear", "prepare", "export_all", "export_changes", "forget_removed"]
+        names += ["clear", "prepare", "export_all", "export_changes", "forget_removed", "size"]
         for name in names:
             setattr(self, name, self._function(name))
 
-    def run(self, name: str, state: State, *args: tf.Tensor) -> Any:
-        """Run kernel ``name``: the shared function when eager, inlined inside a trace.
+    def run(self, name: str, mutex: tf.Tensor, state: State, *args: tf.Tensor) -> Any:
+        """Run kernel ``name`` on the table of ``mutex`` and ``state``, holding the mutex.
 
-        Inside a caller's ``tf.function`` the ops go into the caller's graph: a shared
-        function called there with variables could bind the variables of that trace.
+        Eagerly the shared function runs; inside a caller's ``tf.function`` it is called
+        as a function (one call op, inlined by TensorFlow when the graph runs), so that
+        the lock is taken and released as in an eager call (see :mod:`._locking`).
         """
-        if tf.executing_eagerly():
-            return getattr(self, name)(tuple(v.handle for v in state), *args)
-        return getattr(TableOps(View(self.config, state), self), name)(*args)
+        return getattr(self, name)(mutex, tuple(v.handle for v in state), *args)
 
     def _function(self, name: str) -> tf.types.experimental.PolymorphicFunction:
         # The variables come in as resource handles (plain tensor inputs, so one trace
         # serves every table); a function given variables would capture the first ones.
-        def kernel(handles: tuple[tf.Tensor, ...], *args: tf.Tensor) -> object:
+        def kernel(mutex: tf.Tensor, handles: tuple[tf.Tensor, ...], *args: tf.Tensor) -> object:
             state = State(*map(handle_variable, handles, self._variable_specs()))
-            return getattr(TableOps(View(self.config, state), self), name)(*args)
+            operation = getattr(TableOps(View(self.config, state), self), name)
+            if not self.config.locked:
+                return operation(*args)
+            return critical_section(mutex, [handles, *args], lambda: operation(*args))
 
         keys = tf.TensorSpec([None], tf.int64)
         rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
@@ -107,12 +114,13 @@ class Kernels:
             "remove": [keys],
             "clear": [],
             "export_all": [],
+            "size": [],
             "prepare": [count],
             "export_changes": [count],
             "forget_removed": [count],
         }
         handles = tuple(tf.TensorSpec([], tf.resource) for _ in State._fields)
-        signature = [handles, *args.get(name, [keys, rows])]
+        signature = [tf.TensorSpec([], tf.resource), handles, *args.get(name, [keys, rows])]
         # TensorFlow counts the traces of a function under its Python code object, which
         # every kernel of every config shares: their first (and only) traces would read as
         # one function retracing and log its warning. A partial has no code of its own, so

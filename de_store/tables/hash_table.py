@@ -70,7 +70,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
-from de_store.tables import _checks, _index, _kernels, _tracking
+from de_store.tables import _checks, _index, _kernels, _locking, _tracking
 from de_store.tables.base import TableCore
 
 _KEY_DTYPES = (tf.int64, tf.int32)
@@ -156,6 +156,7 @@ class HashTable(TableCore):
                 tf.constant(0, tf.int64), name="num_removed", trainable=False
             )
         self._device = self.index.device
+        self._mutex = _locking.TableMutex(self._device)
         self._kernels = _kernels.kernels_for(
             _kernels.Config(
                 dim,
@@ -174,9 +175,7 @@ class HashTable(TableCore):
         self, keys: tf.Tensor, default_value: tf.Tensor | None = None
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """Return ``(values [n, dim], exists [n])``; see :meth:`TableCore.lookup`."""
-        keys = self._keys(keys)
-        with tf.device(self._device):
-            values, exists = self._kernels.run("lookup", self._state, keys)
+        values, exists = self._run("lookup", self._keys(keys))
         values = tf.cast(values, self.value_dtype) if values.dtype != self.value_dtype else values
         if default_value is None:
             return values, exists
@@ -187,9 +186,7 @@ class HashTable(TableCore):
 
     def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Upsert rows; a key repeated in the batch keeps its last value."""
-        keys, values = self._keys_and_rows(keys, values, "values")
-        with tf.device(self._device):
-            self._kernels.run("insert", self._state, keys, values)
+        self._run("insert", *self._keys_and_rows(keys, values, "values"))
 
     def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Bulk-insert keys absent from the table and distinct among themselves.
@@ -200,9 +197,7 @@ class HashTable(TableCore):
         :class:`~de_store.errors.RepeatedKeysError` raised (inside a ``tf.function``, an
         assertion fails instead and the table is left as it is).
         """
-        keys, values = self._keys_and_rows(keys, values, "values")
-        with tf.device(self._device):
-            repeated = self._kernels.run("load_distinct", self._state, keys, values)
+        repeated = self._run("load_distinct", *self._keys_and_rows(keys, values, "values"))
         if not tf.executing_eagerly():
             tf.debugging.assert_equal(repeated, tf.constant(0, tf.int64), _repeated(self, None))
         elif int(repeated):
@@ -211,38 +206,29 @@ class HashTable(TableCore):
 
     def accum(self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True) -> None:
         """Add deltas (duplicates sum); missing keys are inserted when ``insert_missing``."""
-        keys, deltas = self._keys_and_rows(keys, deltas, "deltas")
-        with tf.device(self._device):
-            if insert_missing:
-                self._kernels.run("accum_insert", self._state, keys, deltas)
-            else:
-                self._kernels.run("accum_existing", self._state, keys, deltas)
+        kernel = "accum_insert" if insert_missing else "accum_existing"
+        self._run(kernel, *self._keys_and_rows(keys, deltas, "deltas"))
 
     def remove(self, keys: tf.Tensor) -> None:
         """Remove keys; missing keys are ignored."""
-        keys = self._keys(keys)
-        with tf.device(self._device):
-            self._kernels.run("remove", self._state, keys)
+        self._run("remove", self._keys(keys))
 
     def size(self) -> tf.Tensor:
         """Number of keys held (int64 scalar)."""
-        return tf.identity(self.num_keys)
+        return self._run("size")
 
     def reserve(self, count: int) -> None:
         """Grow once so that ``count`` more keys fit without growing again (bulk loads)."""
         if count > 0:
-            with tf.device(self._device):
-                self._kernels.run("prepare", self._state, tf.constant(count, tf.int64))
+            self._run("prepare", tf.constant(count, tf.int64))
 
     def clear(self) -> None:
         """Remove every key; the index and the row store return to their initial sizes."""
-        with tf.device(self._device):
-            self._kernels.run("clear", self._state)
+        self._run("clear")
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """Return ``(keys [n], values [n, dim])`` of the whole table in one consistent read."""
-        with tf.device(self._device):
-            keys, values = self._kernels.run("export_all", self._state)
+        keys, values = self._run("export_all")
         return self._exported(keys), self._exported_values(values)
 
     def _exported(self, keys: tf.Tensor) -> tf.Tensor:
@@ -269,17 +255,13 @@ class HashTable(TableCore):
         and the keys removed after ``since`` that are absent now; see
         :meth:`TableCore.export_changes`."""
         self._check_tracking()
-        with tf.device(self._device):
-            keys, values, removed = self._kernels.run(
-                "export_changes", self._state, tf.constant(since, tf.int64)
-            )
+        keys, values, removed = self._run("export_changes", tf.constant(since, tf.int64))
         return self._exported(keys), self._exported_values(values), self._exported(removed)
 
     def forget_removed(self, upto: int) -> None:
         """Drop the removal records of epochs up to ``upto``."""
         self._check_tracking()
-        with tf.device(self._device):
-            self._kernels.run("forget_removed", self._state, tf.constant(upto, tf.int64))
+        self._run("forget_removed", tf.constant(upto, tf.int64))
 
     def _check_tracking(self) -> None:
         if not self.track_changes:
@@ -304,6 +286,11 @@ class HashTable(TableCore):
         return total + 6 * 8  # the six int64 counters
 
     # -- helpers -----------------------------------------------------------------------
+    def _run(self, kernel: str, *args: tf.Tensor) -> Any:
+        """Run a shared kernel on this table's variables, holding its mutex."""
+        with tf.device(self._device):
+            return self._kernels.run(kernel, self._mutex.resource_handle, self._state, *args)
+
     @property
     def _state(self) -> _kernels.State:
         """The variables, as the shared kernels take them (a property: not tracked twice)."""

@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables import _checks
+from de_store.tables._locking import TableMutex, locked
 from de_store.tables.base import TableCore
 
 _KEY_DTYPES = (tf.string, tf.int64, tf.int32)
@@ -22,6 +23,11 @@ _WIDENED = {tf.float16: tf.float32, tf.bfloat16: tf.float32, tf.int32: tf.int32}
 
 class MutableTable(TableCore):
     """Key -> value-row table backed by a ``MutableHashTable`` on the CPU.
+
+    Every method holds the table's mutex while its ops run (:mod:`._locking`), so calls
+    from any number of threads and concurrently running ``tf.function`` s are atomic: an
+    upsert, an accumulation (a read and a write) or a removal with its change log is
+    seen whole or not at all.
 
     Parameters
     ----------
@@ -72,6 +78,7 @@ class MutableTable(TableCore):
                 )
                 for what in ("stamps", "removed")
             )
+        self._mutex = TableMutex(self._table.resource_handle.device)
 
     # -- helpers -----------------------------------------------------------------------
     def _keys(self, keys: Any) -> tf.Tensor:
@@ -89,6 +96,7 @@ class MutableTable(TableCore):
         return stored[:, : self.dim], stored[:, self.dim] > 0
 
     # -- contract ----------------------------------------------------------------------
+    @locked
     def lookup(
         self, keys: tf.Tensor, default_value: tf.Tensor | None = None
     ) -> tuple[tf.Tensor, tf.Tensor]:
@@ -101,6 +109,7 @@ class MutableTable(TableCore):
         values = tf.cast(values, self.value_dtype)
         return tf.where(exists[:, None], values, default), exists
 
+    @locked
     def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Upsert rows; a key repeated in the batch keeps its last value."""
         stored_keys = self._keys(keys)
@@ -114,6 +123,7 @@ class MutableTable(TableCore):
             self._table.insert(unique, self._rows(tf.gather(values, last)))
             self._stamp(unique)
 
+    @locked
     def accum(self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True) -> None:
         """Add deltas (duplicates sum); missing keys are inserted when ``insert_missing``."""
         stored_keys = self._keys(keys)
@@ -133,6 +143,7 @@ class MutableTable(TableCore):
             self._table.insert(unique, self._rows(updated))
             self._stamp(unique)
 
+    @locked
     def remove(self, keys: tf.Tensor) -> None:
         """Remove keys; missing keys are ignored."""
         stored_keys = self._keys(keys)
@@ -143,10 +154,12 @@ class MutableTable(TableCore):
             self._stamps.remove(present)
         self._table.remove(stored_keys)
 
+    @locked
     def size(self) -> tf.Tensor:
         """Number of keys held (int64 scalar)."""
         return self._table.size()
 
+    @locked
     def clear(self) -> None:
         """Remove every key."""
         keys, _ = self._table.export()
@@ -155,6 +168,7 @@ class MutableTable(TableCore):
             for log in (self._stamps, self._removed):
                 log.remove(log.export()[0])
 
+    @locked
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """Return ``(keys [n], values [n, dim])`` of the whole table, read at once."""
         keys, stored = self._table.export()
@@ -178,6 +192,7 @@ class MutableTable(TableCore):
         """Make ``epoch`` the current change epoch."""
         self.epoch.assign(epoch)
 
+    @locked
     def export_changes(self, since: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """See :meth:`TableCore.export_changes`."""
         self._check_tracking()
@@ -194,6 +209,7 @@ class MutableTable(TableCore):
             self._exported(removed),
         )
 
+    @locked
     def forget_removed(self, upto: int) -> None:
         """Drop the removal records of epochs up to ``upto``."""
         self._check_tracking()

@@ -14,3 +14,11 @@ def with_unordered_scatters(table: HashTable) -> HashTable:
     config = dataclasses.replace(table._kernels.config, serial_scatter=False)
     table._kernels = _kernels.kernels_for(config)
     return table
+
+
+def without_lock(table: HashTable) -> HashTable:
+    """Make ``table`` run kernels that do not take its mutex: unsafe under concurrent
+    calls, for measuring what the lock costs (``benchmarks/table_bench.py``)."""
+    config = dataclasses.replace(table._kernels.config, locked=False)
+    table._kernels = _kernels.kernels_for(config)
+    return table

@@ -1,0 +1,103 @@
+"""One mutex per table, taken by every operation on it, eagerly and inside graphs.
+
+A table's operations read and write several variables (or a ``MutableHashTable`` and its
+logs): run at the same time, two of them interleave. Two inserts then both see room for
+their keys and overfill the index, whose probe loops never end; a clear that shrinks the
+index under a running compiled probe hands XLA a smaller buffer than it was compiled for,
+and XLA aborts the process. So every operation holds the table's mutex while it runs.
+
+The mutex is a TensorFlow ``MutexV2`` resource (the op ``tf.CriticalSection`` is built
+on), because a Python lock only covers Python: two ``tf.function`` s running on two
+threads execute their graphs without it. ``MutexV2``, ``MutexLock`` and
+``ConsumeMutexLock`` have ``DEFAULT`` kernels (the mutex and the lock in host memory), so
+a table on a GPU keeps every op on the GPU. Waiting for the lock takes no thread: the lock
+op is asynchronous.
+
+Deadlock freedom: an operation takes one table's mutex, and only after every input of the
+operation is computed (:func:`critical_section`), so it never holds the mutex while
+waiting for anything but its own ops. Inside a caller's graph an operation is a function
+call (a ``StatefulPartitionedCall`` whose inputs include the mutex): TensorFlow's
+automatic control dependencies order it after earlier uses of the same table only. Had
+its ops been inlined instead, the release (``ConsumeMutexLock``, stateful and without a
+resource input) would be chained after every earlier such op of the graph, the releases
+of other tables among them: one graph would release ``A`` only after ``B``, another ``B``
+only after ``A``, and the two could deadlock.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+T = TypeVar("T")
+
+
+class TableMutex(tf.saved_model.experimental.TrackableResource):
+    """A table's ``MutexV2`` resource, created on ``device`` at construction.
+
+    Tracked by its table, so that a SavedModel whose functions lock the table creates the
+    mutex again when it is loaded; destroyed with this object.
+    """
+
+    def __init__(self, device: str) -> None:
+        super().__init__(device=device)
+        with tf.init_scope():
+            self.resource_handle  # noqa: B018 (created now, not inside a caller's trace)
+
+    def _create_resource(self) -> tf.Tensor:
+        # An anonymous name: a mutex of its own (an empty shared name would give every
+        # table of the process one mutex, in eager mode).
+        return tf.raw_ops.MutexV2(container="", shared_name=context.anonymous_name())
+
+    def _destroy_resource(self) -> None:
+        tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+
+
+def critical_section(mutex: tf.Tensor, inputs: Sequence[Any], build: Callable[[], T]) -> T:
+    """Build ``build()`` into the current graph (a function body) to run holding ``mutex``.
+
+    The lock is taken after every tensor of ``inputs`` is computed (all the body's inputs:
+    after inlining, an input's producer may itself wait for a lock); every op ``build``
+    creates runs after the lock is taken, and the lock is released after all of them.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    ready = [x for x in tf.nest.flatten(inputs) if isinstance(x, tf.Tensor)]
+    with tf.control_dependencies(ready):
+        lock = tf.raw_ops.MutexLock(mutex=mutex)
+    first = len(graph.get_operations())
+    with tf.control_dependencies([lock]):
+        outputs = build()
+    with tf.control_dependencies(graph.get_operations()[first:]):
+        tf.raw_ops.ConsumeMutexLock(mutex_lock=lock)
+    return outputs
+
+
+def run_locked(mutex: TableMutex, build: Callable[..., T], *args: Any) -> T:
+    """Run ``build(*args)`` holding ``mutex``: eagerly, the lock is held while the ops
+    run; inside a trace, ``build`` becomes a function of its own that locks (see the
+    module docstring). ``build`` must not lock the same table again."""
+    if tf.executing_eagerly():
+        lock = tf.raw_ops.MutexLock(mutex=mutex.resource_handle)
+        try:
+            return build(*args)
+        finally:
+            del lock  # the lock is released with the last reference to its tensor
+
+    def locked(handle: tf.Tensor, *inputs: Any) -> T:
+        return critical_section(handle, [handle, *inputs], lambda: build(*inputs))
+
+    return tf.function(locked, autograph=False)(mutex.resource_handle, *args)
+
+
+def locked(method: Callable[..., T]) -> Callable[..., T]:
+    """Make a table method run holding ``self._mutex`` (see :func:`run_locked`)."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> T:
+        return run_locked(self._mutex, functools.partial(method, self, **kwargs), *args)
+
+    return run
