@@ -84,3 +84,13 @@ class CheckpointMismatchError(CheckpointError):
 class GCRefusedError(DeStoreError, ValueError):
     """``gc`` was pointed at a location it must not clean (a checkpoint, or a folder that
     holds checkpoints deeper down)."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A committed checkpoint's manifest and files disagree, or its rows break a rule every
+    checkpoint keeps (a rank or shard missing, a key in the wrong bucket, a null or repeated
+    key, a byte range outside its file); the message names the file."""
+
+
+class StorageOptionError(BackendError, ValueError):
+    """A storage option that the storage's filesystem does not know (a misspelling)."""

@@ -82,7 +82,15 @@ def resolve_chain(
     CheckpointError
         A link is not committed, was rewritten since, or lacks the variable.
     """
-    chain: list[tuple[str, VariableEntry]] = []
+    links = chain_links(backend, name, variable_name, retry)
+    return [(folder, entry) for folder, _, entry in links]
+
+
+def chain_links(
+    backend: Backend, name: str, variable_name: str, retry: RetryPolicy = NO_RETRY
+) -> list[tuple[str, Manifest, VariableEntry]]:
+    """:func:`resolve_chain` with each link's manifest: ``(folder, manifest, entry)``."""
+    chain: list[tuple[str, Manifest, VariableEntry]] = []
     previous = name.strip("/")
     for folder, manifest in iter_manifests(backend, name, retry):
         where = _where(backend, folder)
@@ -92,7 +100,7 @@ def resolve_chain(
                 f"as a delta on {where}, which has no variable {variable_name!r}"
             )
         entry = manifest.variable(variable_name, where)
-        chain.append((folder, entry))
+        chain.append((folder, manifest, entry))
         if not entry.incremental:
             return chain[::-1]
         if manifest.parent is None:

@@ -21,12 +21,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from de_store.backends import Backend, open_backend
-from de_store.errors import BarrierTimeoutError, CheckpointError, SaveInterruptedError
+from de_store.errors import (
+    BarrierTimeoutError,
+    CheckpointCorruptError,
+    CheckpointError,
+    RepeatedKeysError,
+    SaveInterruptedError,
+)
 from de_store.formats import FORMATS
 from de_store.progress import Progress, progress_for
 from de_store.saver import events, incremental, shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
-from de_store.saver.chain import parent_reference, resolve_chain
+from de_store.saver.chain import chain_links, parent_reference
+from de_store.saver.checks import link_problems, raise_first, repeated_key
 from de_store.saver.commit import (
     RANKS_DIR,
     CommitStrategy,
@@ -439,6 +446,12 @@ def _poll(check: Any, failed: Any) -> Any:
 
 
 # --- restore ----------------------------------------------------------------------------
+#: One link of a variable's chain: its folder, manifest and entry.
+Link = tuple[str, Manifest, VariableEntry]
+#: Rows read from one shard file, with the file's path (to name it in errors).
+FileRows = tuple[str, ShardRows]
+
+
 def restore_checkpoint(
     variables: Sequence[Any],
     backend: Backend,
@@ -451,25 +464,37 @@ def restore_checkpoint(
     An incremental checkpoint restores its chain: every link's rows are read first, then
     the full link replaces the tables' content and each delta applies in order. Afterwards
     each variable's next incremental save is a delta on this checkpoint.
+
+    Every link is checked as ``de-store verify`` checks it (:mod:`de_store.saver.checks`):
+    its shard records before any read, its rows as they are read. A checkpoint whose full
+    link holds a key twice is found while the rows are loaded, after the table was
+    emptied: that variable is left empty.
+
+    Raises
+    ------
+    CheckpointCorruptError
+        A check failed; the message names the file.
     """
     start = time.perf_counter()
     folder, manifest = options.retry.call(lambda: read_manifest(backend, name))
     where = f"{backend.url.rstrip('/')}/{name}"
     chains = [_chain_of(backend, name, folder, manifest, v.name, options) for v in variables]
     for variable, chain in zip(variables, chains, strict=True):
-        for link, entry in chain:
+        for link, link_manifest, entry in chain:
             check_compatible(variable, entry, f"{backend.url.rstrip('/')}/{link}")
-    total = sum(entry.rows + entry.removed_rows for chain in chains for _, entry in chain)
+            raise_first(link_problems(backend, link, link_manifest.proc_size, [entry]), where)
+    total = sum(entry.rows + entry.removed_rows for chain in chains for *_, entry in chain)
     with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
         loaded = [
-            [_read_link(backend.sub(link), entry, topology, options, bar) for link, entry in chain]
+            [_read_link(backend.sub(at), entry, topology, options, bar) for at, _, entry in chain]
             for chain in chains
         ]
     for variable, chain, links in zip(variables, chains, loaded, strict=True):
-        _apply_chain(variable, [entry for _, entry in chain], links)
-        incremental.record_restore(variable, where, manifest, [entry for _, entry in chain])
-    rows = sum(r.rows for links in loaded for link_rows, _ in links for r in link_rows)
-    size = sum(entry.bytes for chain in chains for _, entry in chain)
+        entries = [entry for *_, entry in chain]
+        _apply_chain(variable, entries, links, f"{backend.url.rstrip('/')}/{chain[0][0]}")
+        incremental.record_restore(variable, where, manifest, entries)
+    rows = sum(r.rows for links in loaded for link_rows, _ in links for _, r in link_rows)
+    size = sum(entry.bytes for chain in chains for *_, entry in chain)
     events.restored(where, topology, rows, max(map(len, chains), default=0), size, start)
     return manifest
 
@@ -481,23 +506,41 @@ def _chain_of(
     manifest: Manifest,
     variable_name: str,
     options: IOOptions,
-) -> list[tuple[str, VariableEntry]]:
+) -> list[Link]:
     entry = manifest.variable(variable_name, f"{backend.url.rstrip('/')}/{name}")
     if not entry.incremental:
-        return [(folder, entry)]
-    return resolve_chain(backend, name, variable_name, options.retry)
+        return [(folder, manifest, entry)]
+    return chain_links(backend, name, variable_name, options.retry)
 
 
 def _apply_chain(
     variable: Any,
     entries: list[VariableEntry],
-    links: list[tuple[list[ShardRows], list[ShardRows]]],
+    links: list[tuple[list[FileRows], list[FileRows]]],
+    full: str,
 ) -> None:
-    """The full link replaces the content; each delta removes its keys, upserts its rows."""
-    reserve = sum(sum(batch.rows for batch in rows) for rows, _ in links)
-    apply_rows(variable, entries[0].columns, links[0][0], reserve)
+    """The full link replaces the content; each delta removes its keys, upserts its rows.
+
+    The full link's rows must hold each key once (``full`` names its folder): a repeated
+    key empties the variable and raises, naming the files that hold it.
+    """
+    first = [rows for _, rows in links[0][0]]
+    reserve = sum(batch.rows for rows, _ in links for _, batch in rows)
+    try:
+        apply_rows(variable, entries[0].columns, first, reserve)
+        repeated = int(variable.size()) != sum(batch.rows for batch in first)
+    except RepeatedKeysError:
+        repeated = True
+    if repeated:
+        variable.clear()
+        found = repeated_key((path, batch.keys) for path, batch in links[0][0])
+        detail = f"{full}/{found.path}: {found.message}" if found else "a key is repeated"
+        raise CheckpointCorruptError(
+            f"variable {variable.name!r}: checkpoint {full} is damaged: {detail}; the variable "
+            "was emptied"
+        )
     for entry, (rows, removed) in zip(entries[1:], links[1:], strict=True):
-        apply_delta(variable, entry.columns, rows, removed)
+        apply_delta(variable, entry.columns, [r for _, r in rows], [r for _, r in removed])
 
 
 def _read_link(
@@ -506,7 +549,7 @@ def _read_link(
     topology: Topology,
     options: IOOptions,
     bar: Progress,
-) -> tuple[list[ShardRows], list[ShardRows]]:
+) -> tuple[list[FileRows], list[FileRows]]:
     """This rank's rows and removed keys (tombstones) of one link."""
     rows = _read_records(folder, entry.shards, entry.key_dtype, topology, options, bar)
     removed = _read_records(folder, entry.removed, entry.key_dtype, topology, options, bar)
@@ -520,24 +563,37 @@ def _read_records(
     topology: Topology,
     options: IOOptions,
     bar: Progress,
-) -> list[ShardRows]:
+) -> list[FileRows]:
     out = []
     for record in records:
         parts = shards.parts_for_rank(record, topology.proc_rank, topology.proc_size)
         if not parts:
             bar.update(record.rows)
             continue
-        read = functools.partial(_read_parts, folder, record, parts, options)
-        for rows in options.retry.call(read):
-            out.append(
-                shards.select_rank_rows(rows, key_dtype, topology.proc_rank, topology.proc_size)
-            )
+        read = functools.partial(_read_parts, folder, record, parts, key_dtype, topology,
+                                 options)  # fmt: skip
+        out += [(record.path, rows) for rows in options.retry.call(read)]
         bar.update(record.rows)  # shards done, of all the checkpoint's
     return out
 
 
 def _read_parts(
-    folder: Backend, record: Any, parts: list[int], options: IOOptions
+    folder: Backend,
+    record: ShardRecord,
+    parts: list[int],
+    key_dtype: str,
+    topology: Topology,
+    options: IOOptions,
 ) -> list[ShardRows]:
-    """One shard's parts, read whole: the retried step of a restore."""
-    return list(shards.read_shard_rows(folder, record, parts, buffer_size=options.buffer_size))
+    """This rank's rows of one shard's parts, read whole and checked: the retried step of
+    a restore."""
+    rows = shards.read_shard_rows(
+        folder,
+        record,
+        parts,
+        buffer_size=options.buffer_size,
+        key_dtype=key_dtype,
+        proc_rank=topology.proc_rank,
+        proc_size=topology.proc_size,
+    )
+    return list(rows)

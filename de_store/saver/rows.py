@@ -11,21 +11,19 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
-from de_store.errors import CheckpointError, RepeatedKeysError
+from de_store.errors import CheckpointError
 from de_store.saver.manifest import ColumnSpec, VariableEntry
 
 if TYPE_CHECKING:
     from de_store.saver.incremental import ChangeBase
 
 VALUE_COLUMN = "value"
-_log = logging.getLogger(__name__)
 #: Rows per upsert on restore: large enough to amortise the per-call cost, small enough
 #: for the table's insert to stay fast (it slows down on much larger batches).
 UPSERT_ROWS = 1 << 18
@@ -245,25 +243,20 @@ def apply_rows(
     variable: Any, specs: dict[str, ColumnSpec], batches: Sequence[ShardRows], reserve: int = 0
 ) -> None:
     """Replace the variable's content (and companions') with the restored rows; grow the
-    tables for ``reserve`` rows (at least the rows given) first."""
+    tables for ``reserve`` rows (at least the rows given) first.
+
+    The rows are bulk-loaded (``load_distinct``): a key given twice raises
+    :class:`~de_store.errors.RepeatedKeysError` (on cores that detect it).
+    """
     targets = _targets(variable, specs)
     total = max(reserve, sum(batch.rows for batch in batches))
-
-    def empty_and_reserve() -> None:
-        variable.clear()  # companions too
-        for target in targets.values():
-            _reserve(target, total)
-
-    empty_and_reserve()
-    try:  # a checkpoint holds each key once: bulk-load them
-        for batch in coalesce(batches, LOAD_ROWS):
-            keys = to_tensor(batch.keys)
-            for column, target in targets.items():
-                target.load_distinct(keys, to_tensor(batch.columns[column]))
-    except RepeatedKeysError as err:
-        _log.warning("variable %r: %s; restoring with upserts instead", variable.name, err)
-        empty_and_reserve()
-        upsert_rows(targets, batches)
+    variable.clear()  # companions too
+    for target in targets.values():
+        _reserve(target, total)
+    for batch in coalesce(batches, LOAD_ROWS):  # a checkpoint holds each key once
+        keys = to_tensor(batch.keys)
+        for column, target in targets.items():
+            target.load_distinct(keys, to_tensor(batch.columns[column]))
 
 
 def apply_delta(

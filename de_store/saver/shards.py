@@ -17,9 +17,10 @@ import pyarrow as pa
 
 from de_store.backends.base import Backend
 from de_store.formats import get_format
-from de_store.formats.base import ExtraColumn, SchemaInfo, ShardInfo
-from de_store.formats.batches import batch_from_numpy, batch_to_numpy
-from de_store.saver.buckets import choose_num_buckets, group_by_bucket, key_hash_mod
+from de_store.formats.base import ExtraColumn, SchemaInfo
+from de_store.formats.batches import batch_from_numpy
+from de_store.saver.buckets import choose_num_buckets, group_by_bucket
+from de_store.saver.checks import read_checked
 from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.saver.rows import VALUE_COLUMN, ShardRows, VariableRows
 
@@ -152,19 +153,31 @@ def parts_for_rank(record: ShardRecord, proc_rank: int, proc_size: int) -> list[
 
 
 def read_shard_rows(
-    folder: Backend, record: ShardRecord, parts: list[int], *, buffer_size: int
+    folder: Backend,
+    record: ShardRecord,
+    parts: list[int],
+    *,
+    buffer_size: int,
+    key_dtype: str | None = None,
+    proc_rank: int = 0,
+    proc_size: int = 1,
 ) -> Iterator[ShardRows]:
-    """Read ``parts`` of one shard file under ``folder`` (checksums verified) as numpy rows."""
-    info = ShardInfo.from_dict(record.info)
-    fmt = get_format(info.format)
-    for batch in fmt.read(folder, info.path, buffer_size=buffer_size, parts=parts, expected=info):
-        keys, values, extras = batch_to_numpy(batch)
-        yield ShardRows(keys, {VALUE_COLUMN: values, **extras})
+    """Read ``parts`` of one shard file under ``folder`` as numpy rows, checked as they come
+    (see :func:`~de_store.saver.checks.read_checked`). With ``proc_size`` > 1 only the rows
+    of rank ``proc_rank`` are returned. ``key_dtype`` defaults to the shard's own.
+
+    Raises
+    ------
+    CheckpointCorruptError
+        A check failed, or the file cannot be read as its record describes; the message
+        names the file.
+    """
+    for keys, values, extras, ranks in read_checked(
+        folder, record, parts, buffer_size=buffer_size, key_dtype=key_dtype, proc_size=proc_size
+    ):
+        rows = ShardRows(keys, {VALUE_COLUMN: values, **extras})
+        yield rows if ranks is None else _rows_where(rows, ranks == proc_rank)
 
 
-def select_rank_rows(rows: ShardRows, key_dtype: str, proc_rank: int, proc_size: int) -> ShardRows:
-    """Keep only the rows whose key belongs to rank ``proc_rank`` of ``proc_size``."""
-    if proc_size == 1:
-        return rows
-    keep = key_hash_mod(rows.keys, proc_size, key_dtype) == proc_rank
+def _rows_where(rows: ShardRows, keep: np.ndarray) -> ShardRows:
     return ShardRows(rows.keys[keep], {n: c[keep] for n, c in rows.columns.items()})

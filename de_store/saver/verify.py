@@ -2,30 +2,31 @@
 
 Every shard of every variable is read in full with its recorded ``ShardInfo``, so the
 format checks every byte against the crc32c of its part and of its file; before that,
-each file's presence and size are checked against the manifest, and every rank's shards
-against the manifest's topology. A delta's tombstone shards are read like its row shards,
-and every link of its chain must exist and be committed. Needs no TensorFlow.
+each file's presence and size are checked against the manifest. The shard records and the
+rows read go through the checks a restore makes (:mod:`de_store.saver.checks`: every rank
+and shard there, byte ranges inside their files, no null key, each key in its part's
+bucket), and no key may be held twice. A delta's tombstone shards are read like its row
+shards, and every link of its chain must exist and be committed. Needs no TensorFlow
+except to hash string keys (to check their buckets).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from de_store.backends.base import Backend
 from de_store.errors import CheckpointError, DeStoreError
-from de_store.formats import ShardInfo, get_format
+from de_store.formats import ShardInfo
+from de_store.formats.base import DEFAULT_BUFFER_SIZE
 from de_store.progress import NO_PROGRESS, Progress
 from de_store.saver.chain import resolve_chain
+from de_store.saver.checks import Problem, link_problems, read_checked, repeated_key
 from de_store.saver.commit import read_manifest
-from de_store.saver.manifest import Manifest, VariableEntry
+from de_store.saver.manifest import Manifest, ShardRecord
 
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a checkpoint: the file (or "manifest") and what is wrong."""
-
-    path: str
-    message: str
+__all__ = ["Problem", "VerifyReport", "verify_checkpoint"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,17 +59,36 @@ def verify_checkpoint(
         return VerifyReport(0, 0, 0, [Problem(where, str(err))])
     folder_backend = backend.sub(folder)
     progress.total = manifest.bytes
-    problems = _topology_problems(manifest) + _chain_problems(backend, name, manifest)
+    problems = _chain_problems(backend, name, manifest)
     files = rows = removed = 0
     for entry in manifest.variables.values():
-        tagged = [(r, False) for r in entry.shards] + [(r, True) for r in entry.removed]
-        for record, tombstones in tagged:  # rows, then tombstones of a delta
-            info = ShardInfo.from_dict(record.info)
-            files += len(info.files)
-            problems += _check_shard(folder_backend, info, progress)
-            removed += info.rows if tombstones else 0
-            rows += 0 if tombstones else info.rows
+        found = link_problems(backend, folder, manifest.proc_size, [entry])
+        problems += found
+        damaged = {p.path for p in found}
+        for tombstones, records in ((False, entry.shards), (True, entry.removed)):
+            keys: list[tuple[str, np.ndarray]] = []  # rows, then tombstones of a delta
+            for record in records:
+                if _url(folder_backend, record.path) in damaged:
+                    progress.update(_size(record))
+                    continue
+                info = ShardInfo.from_dict(record.info)
+                files += len(info.files)
+                problems += _check_shard(folder_backend, record, info, entry.key_dtype, keys,
+                                         progress)  # fmt: skip
+                removed += info.rows if tombstones else 0
+                rows += 0 if tombstones else info.rows
+            if (repeat := repeated_key(keys)) is not None:
+                problems.append(repeat)
     return VerifyReport(files, manifest.bytes, rows, problems, removed)
+
+
+def _url(backend: Backend, path: str) -> str:
+    return f"{backend.url.rstrip('/')}/{path}"
+
+
+def _size(record: ShardRecord) -> int:
+    size = record.info.get("bytes") if isinstance(record.info, dict) else None
+    return size if isinstance(size, int) else 0
 
 
 def _chain_problems(backend: Backend, name: str, manifest: Manifest) -> list[Problem]:
@@ -84,34 +104,16 @@ def _chain_problems(backend: Backend, name: str, manifest: Manifest) -> list[Pro
     return problems
 
 
-def _topology_problems(manifest: Manifest) -> list[Problem]:
-    problems = []
-    for entry in manifest.variables.values():
-        problems += _entry_problems(entry, manifest.proc_size)
-    return problems
-
-
-def _entry_problems(entry: VariableEntry, proc_size: int) -> list[Problem]:
-    ranks = {record.rank for record in entry.shards}
-    missing = sorted(set(range(proc_size)) - ranks)
-    problems = []
-    if missing:
-        problems.append(
-            Problem("manifest", f"variable {entry.name!r}: no shards of rank(s) {missing}")
-        )
-    if entry.shard_count != len(entry.shards):
-        problems.append(
-            Problem(
-                "manifest",
-                f"variable {entry.name!r}: shard_count is {entry.shard_count}, "
-                f"found {len(entry.shards)} shard records",
-            )
-        )
-    return problems
-
-
-def _check_shard(folder: Backend, info: ShardInfo, progress: Progress) -> list[Problem]:
-    """Presence and size of each file, then a full verified read."""
+def _check_shard(
+    folder: Backend,
+    record: ShardRecord,
+    info: ShardInfo,
+    key_dtype: str,
+    keys: list[tuple[str, np.ndarray]],
+    progress: Progress,
+) -> list[Problem]:
+    """Presence and size of each file, then a full verified and checked read (as a restore
+    reads); the keys read go to ``keys``."""
     problems = []
     for file in info.files:
         if not folder.exists(file.path):
@@ -121,9 +123,11 @@ def _check_shard(folder: Backend, info: ShardInfo, progress: Progress) -> list[P
     if problems:
         progress.update(info.bytes)
         return problems
+    parts = list(range(len(info.parts)))
     try:
-        for _ in get_format(info.format).read(folder, info.path, expected=info):
-            pass
+        for batch_keys, *_ in read_checked(folder, record, parts, key_dtype=key_dtype,
+                                           buffer_size=DEFAULT_BUFFER_SIZE):  # fmt: skip
+            keys.append((record.path, batch_keys))
     except (DeStoreError, OSError) as err:
         path = info.files[0].path if len(info.files) == 1 else info.path
         problems.append(Problem(path, str(err)))

@@ -252,18 +252,15 @@ def test_restored_optimizer_slots_keep_the_optimizers_initial_value(tmp_path: Pa
     )
 
 
-def test_restored_rows_repeating_a_key_fall_back_to_upserts(caplog) -> None:
+def test_restored_rows_repeating_a_key_are_refused() -> None:
     """A checkpoint holds each key once, so a restore bulk-loads its rows; rows that repeat
-    a key (not written by de_store) still restore, the last one winning, with a warning."""
+    a key raise (the restore names the files, see tests/faults/test_faults_manifest.py)."""
+    from de_store.errors import RepeatedKeysError
     from de_store.saver.rows import ShardRows, apply_rows
 
     variable = make_variable("emb_rows", ds.FileSystemSaver(), dim=2, shards=2)
     variable.upsert(tf.constant([99], tf.int64), tf.ones([1, 2]))
     first = ShardRows(np.array([1, 2, 3], np.int64), {"value": np.full([3, 2], 1.0, np.float32)})
     second = ShardRows(np.array([3, 4], np.int64), {"value": np.full([2, 2], 2.0, np.float32)})
-    with caplog.at_level("WARNING", logger="de_store.saver.rows"):
+    with pytest.raises(RepeatedKeysError):
         apply_rows(variable, {}, [first, second])
-    keys, values = variable.export()
-    got = dict(zip(keys.numpy().tolist(), values.numpy()[:, 0].tolist(), strict=True))
-    assert got == {1: 1.0, 2: 1.0, 3: 2.0, 4: 2.0}
-    assert "variable 'emb_rows'" in caplog.text and "restoring with upserts" in caplog.text
