@@ -13,7 +13,7 @@ import dataclasses
 import json
 import posixpath
 import re
-from typing import Any
+from typing import Any, cast
 
 from de_store.backends import Backend, open_backend
 from de_store.errors import CheckpointError
@@ -28,6 +28,7 @@ from de_store.saver.commit import (
     commit_name,
     committed_folder,
     latest_generation,
+    parse_commit_record,
     read_manifest,
 )
 from de_store.saver.manifest import Manifest
@@ -53,7 +54,8 @@ class CheckpointSummary:
     status: "committed"; "orphaned" (committed, its TF checkpoint deleted: gc removes it);
         "parent" (committed, its TF checkpoint deleted, but a kept checkpoint's chain
         needs it: gc keeps it); "broken" (committed, but a delta whose chain cannot be
-        restored: a link is missing, not committed, or rewritten since); "uncommitted" (a
+        restored: a link is missing, not committed, or rewritten since); "damaged" (its
+        commit record or manifest cannot be read: ``problem`` says why); "uncommitted" (a
         save in progress or interrupted) or "aborted".
     step: from the folder name (``ckpt-12`` -> 12) or the manifest's ``step`` metadata.
     committed: commit time (seconds since the epoch), None when not committed.
@@ -61,6 +63,7 @@ class CheckpointSummary:
     variables: number of variables (committed checkpoints), else None.
     kind: "full" or "delta" (an incremental checkpoint) when committed, else None.
     parent: a delta's parent checkpoint as its manifest names it, else None.
+    problem: why a "damaged" checkpoint cannot be read, else None.
     """
 
     path: str
@@ -71,6 +74,7 @@ class CheckpointSummary:
     variables: int | None
     kind: str | None = None
     parent: str | None = None
+    problem: str | None = None
 
 
 def _marker_folder(path: str) -> str | None:
@@ -114,33 +118,48 @@ def _step_of(folder: str, manifest: Manifest | None) -> int | None:
 
 
 def summarize(backend: Backend, folder: str, files: list[str]) -> CheckpointSummary:
-    """Status, step, commit time and size of the checkpoint ``folder``."""
+    """Status, step, commit time and size of the checkpoint ``folder``.
+
+    A committed checkpoint whose commit record or manifest cannot be read is "damaged",
+    with the reason in ``problem``; the others are listed as usual.
+    """
     if folder and committed_folder(backend, folder) == folder:
-        _, manifest = read_manifest(backend, folder)
-        record = json.loads(
-            backend.read_bytes(
-                backend.join(folder, commit_name(latest_generation(backend, folder)))
+        try:
+            return _committed_summary(backend, folder)
+        except CheckpointError as err:
+            return dataclasses.replace(
+                _files_summary(backend, folder, files, "damaged"), problem=str(err)
             )
-        )
-        return CheckpointSummary(
-            folder,
-            "committed",
-            _step_of(folder, manifest),
-            float(record["committed"]),
-            manifest.bytes,
-            len(manifest.variables),
-            "delta" if manifest.incremental else "full",
-            manifest.parent,
-        )
     aborted = any(posixpath.basename(p) == ABORT_NAME for p in files)
+    return _files_summary(backend, folder, files, "aborted" if aborted else "uncommitted")
+
+
+def _committed_summary(backend: Backend, folder: str) -> CheckpointSummary:
+    _, manifest = read_manifest(backend, folder)
+    marker = backend.join(folder, commit_name(latest_generation(backend, folder)))
+    try:
+        record = parse_commit_record(backend.read_bytes(marker))
+        committed = float(cast(float, record["committed"]))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{marker}: commit record is not valid ({err})") from err
     return CheckpointSummary(
         folder,
-        "aborted" if aborted else "uncommitted",
-        _step_of(folder, None),
-        None,
-        sum(backend.size(p) for p in files),
-        None,
+        "committed",
+        _step_of(folder, manifest),
+        committed,
+        manifest.bytes,
+        len(manifest.variables),
+        "delta" if manifest.incremental else "full",
+        manifest.parent,
     )
+
+
+def _files_summary(
+    backend: Backend, folder: str, files: list[str], status: str
+) -> CheckpointSummary:
+    """A checkpoint described by its files alone (no readable manifest)."""
+    size = sum(backend.size(p) for p in files)
+    return CheckpointSummary(folder, status, _step_of(folder, None), None, size, None)
 
 
 def _mark_orphans(backend: Backend, summaries: list[CheckpointSummary]) -> list[CheckpointSummary]:

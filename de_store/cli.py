@@ -312,6 +312,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             (s.path or ".", s.status, s.kind or "-", step, when, size, count, s.parent or "-")
         )
     _print_table(rows)
+    for s in found:
+        if s.problem is not None:
+            print(f"damaged {s.path or '.'}: {s.problem}")
     return EXIT_OK
 
 
