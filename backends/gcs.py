@@ -26,3 +26,9 @@ class GCSBackend(FsspecBackend):
     capabilities = Capabilities(supports_atomic_rename=False)
     makes_parent_dirs = False
     native_errors = (OSError, GoogleAuthError)
+    #: Storage options are checked (see :mod:`.options`): GCSFileSystem's, and the retry
+    #: and copy settings gcsfs's extended filesystem reads from its keywords.
+    storage_options_extra: tuple[str, ...] = (
+        "retry_timeout", "retry_initial", "retry_maximum", "retry_multiplier",
+        "memmove_max_workers",
+    )  # fmt: skip

@@ -85,6 +85,8 @@ class LocalBackend(FsspecBackend):
 
     protocol = "file"
     capabilities = Capabilities(supports_atomic_rename=True, supports_fsync=True)
+    #: Storage options are checked (see :mod:`.options`); none beyond LocalFileSystem's.
+    storage_options_extra: tuple[str, ...] = ()
     #: Bytes written between background ``fdatasync`` calls of a streamed write.
     sync_every: int = 64 << 20
 

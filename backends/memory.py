@@ -25,6 +25,8 @@ class MemoryBackend(FsspecBackend):
 
     protocol = "memory"
     capabilities = Capabilities(supports_atomic_rename=False)
+    #: Storage options are checked (see :mod:`.options`); none beyond MemoryFileSystem's.
+    storage_options_extra: tuple[str, ...] = ()
 
     @contextlib.contextmanager
     def open_write(self, path: str) -> Iterator[BinaryIO]:

@@ -17,8 +17,10 @@ from fsspec.spec import AbstractFileSystem
 
 from de_store.errors import MissingDependencyError, UnknownProtocolError
 
+from ._io import redact_url
 from .base import Backend
 from .fsspec_generic import FsspecBackend, first_protocol
+from .options import check_storage_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +131,9 @@ def open_backend(
     ------
     UnknownProtocolError, MissingDependencyError
         The protocol is not served, or its package is not installed.
+    StorageOptionError
+        ``storage_options`` holds an option the protocol's filesystem does not know (local
+        disk, memory, S3 and GCS; see :mod:`.options`).
     """
     if isinstance(url_or_fs, AbstractFileSystem):
         if storage_options:
@@ -141,4 +146,6 @@ def open_backend(
     protocol = fsspec.core.split_protocol(url_or_fs)[0] or "file"
     cls = backend_class(protocol)
     assert issubclass(cls, FsspecBackend)
-    return cls.from_url(url_or_fs, dict(storage_options or {}), root)
+    options = dict(storage_options or {})
+    check_storage_options(cls, protocol, options, redact_url(url_or_fs))
+    return cls.from_url(url_or_fs, options, root)

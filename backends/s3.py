@@ -29,6 +29,11 @@ class S3Backend(FsspecBackend):
     capabilities = Capabilities(supports_atomic_rename=False)
     makes_parent_dirs = False
     native_errors = (OSError, BotoCoreError)
+    #: Storage options are checked (see :mod:`.options`): S3FileSystem's, and those it hands
+    #: to the aiobotocore session it builds.
+    storage_options_extra: tuple[str, ...] = (
+        "profile", "session_vars", "event_hooks", "include_builtin_handlers"
+    )  # fmt: skip
     #: Bytes per multipart part of a streamed write.
     upload_part_size: int = 16 << 20
     #: Most parts of one streamed write uploading at once (memory: this + 1 parts).
