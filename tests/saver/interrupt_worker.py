@@ -3,10 +3,10 @@
     python interrupt_worker.py MODE URL GATE_DIR
 
 It saves version 1 of a variable into ``URL`` (with ``MODE`` "tf": TF checkpoint
-``GATE_DIR/ckpt``, its KV checkpoint ``URL/ckpt``), then version 2 to the same place through a barrier that writes
-``GATE_DIR/at-barrier`` and holds the save there (shards written, nothing committed)
-until ``GATE_DIR/go`` exists. ``MODE``: "save" (``de_store.save(blocking=True)``) or "tf"
-(``tf.train.Checkpoint.write``).
+``GATE_DIR/ckpt``, its KV checkpoint ``URL/ckpt``), then version 2 to the same place
+through a barrier that writes ``GATE_DIR/at-barrier`` and holds the save there (shards
+written, nothing committed) until ``GATE_DIR/go`` exists. ``MODE``: "save"
+(``de_store.save(blocking=True)``) or "tf" (``tf.train.Checkpoint.write``).
 """
 
 from __future__ import annotations
