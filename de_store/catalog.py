@@ -13,6 +13,7 @@ import dataclasses
 import json
 import posixpath
 import re
+from collections.abc import Callable
 from typing import Any, cast
 
 from de_store.backends import Backend, open_backend
@@ -197,27 +198,41 @@ def list_checkpoints(
 
 
 def _mark_broken(backend: Backend, summaries: list[CheckpointSummary]) -> list[CheckpointSummary]:
-    """Committed deltas whose chain cannot be restored, as "broken" (each link is checked as
-    a restore checks it; a chain that leaves the listed location is not judged)."""
-    out = []
-    for summary in summaries:
-        if (
-            summary.kind == "delta"
-            and summary.parent is not None
-            and _chain_broken(backend, summary)
-        ):
-            summary = dataclasses.replace(summary, status="broken")
-        out.append(summary)
-    return out
+    """Committed deltas whose chain cannot be restored, as "broken": a link missing, not
+    committed or rewritten since (checked as a restore checks it), or a broken parent. Each
+    link is read once; a chain that leaves the listed location is not judged."""
+    by_path = {s.path: s for s in summaries}
+    verdicts: dict[str, bool] = {}
+
+    def broken(summary: CheckpointSummary) -> bool:
+        if summary.kind != "delta" or summary.parent is None:
+            return False
+        if summary.path not in verdicts:
+            verdicts[summary.path] = True  # a chain that comes back to itself is broken
+            verdicts[summary.path] = _link_broken(backend, summary, by_path, broken)
+        return verdicts[summary.path]
+
+    return [dataclasses.replace(s, status="broken") if broken(s) else s for s in summaries]
 
 
-def _chain_broken(backend: Backend, summary: CheckpointSummary) -> bool:
+def _link_broken(
+    backend: Backend,
+    summary: CheckpointSummary,
+    by_path: dict[str, CheckpointSummary],
+    broken: Callable[[CheckpointSummary], bool],
+) -> bool:
+    """Whether the delta's parent is missing, not committed or rewritten since, or broken."""
     try:
-        parent_folder(backend, summary.path, summary.parent or "")
+        parent = parent_folder(backend, summary.path, summary.parent or "")
     except CheckpointError:
         return False  # outside the listed location: not judged here
+    links = iter_manifests(backend, summary.path)
     try:
-        for _ in iter_manifests(backend, summary.path):
+        next(links)
+        next(links)  # the parent, checked against the delta as a restore checks it
+        if parent in by_path:
+            return broken(by_path[parent])
+        for _ in links:  # the rest of the chain is not listed: check it here
             pass
     except CheckpointError:
         return True

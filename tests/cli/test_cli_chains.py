@@ -67,3 +67,17 @@ def test_ls_lists_the_deltas_of_a_broken_chain_as_broken(capsys, tmp_path: Path)
     ]
     code, out, _ = run(capsys, "ls", "--json", str(tmp_path / "ckpt-3"))  # the delta itself
     assert [s["status"] for s in json.loads(out)] == ["broken"]
+
+
+def test_ls_lists_a_delta_on_a_rewritten_checkpoint_as_broken(capsys, tmp_path: Path) -> None:
+    build_chain(tmp_path)
+    other = ds.Variable("emb", dim=2, devices=["/CPU:0"])
+    other.upsert(tf.constant([7], tf.int64), tf.ones([1, 2]))
+    ds.save([other], str(tmp_path / "ckpt-2"), blocking=True)  # ckpt-2 replaced: a full one
+    code, out, _ = run(capsys, "ls", "--json", str(tmp_path))
+    assert code == 0
+    assert {s["path"]: (s["status"], s["kind"]) for s in json.loads(out)} == {
+        "ckpt-1": ("committed", "full"),
+        "ckpt-2": ("committed", "full"),
+        "ckpt-3": ("broken", "delta"),
+    }
