@@ -163,6 +163,11 @@ def test_gc_in_a_folder_without_checkpoints_deletes_nothing(
     assert tree(tmp_path) == before
 
 
+def test_gc_on_a_missing_path_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = gc_cli(capsys, "--yes", str(tmp_path / "nothing"))
+    assert (code, out, err) == (1, "", f"de-store: error: {tmp_path / 'nothing'} does not exist\n")
+
+
 def test_gc_lists_without_yes_and_deletes_only_de_stores_staging_with_it(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -283,6 +288,24 @@ def test_a_save_that_wrote_after_gc_planned_keeps_its_staging(tmp_path: Path) ->
     deleted, kept = gc.delete(backend, planned.remove)
     assert deleted == [] and kept[0].reason.startswith("modified 0 s ago, within the grace")
     assert lock.exists()
+
+
+def test_staging_of_unknown_age_is_kept(tmp_path: Path) -> None:
+    """A store that reports no modification times (the ``Backend.modified`` default)."""
+    from de_store.backends.base import Backend
+    from de_store.backends.local import LocalBackend
+
+    class NoTimes(LocalBackend):
+        modified = Backend.modified
+
+    interrupted_save(str(tmp_path / "B"))
+    age(tmp_path)
+    backend = NoTimes(LocalBackend.from_url(str(tmp_path), {}).fs, str(tmp_path))
+    planned = gc.plan(backend)
+    assert planned.remove == [] and [(k.folder, k.reason) for k in planned.kept] == [
+        ("B.pending", "its age cannot be determined: the store reports no modification time")
+    ]
+    assert (tmp_path / "B.pending").exists()
 
 
 # --- item 3: the cleanup inside a TF save --------------------------------------------
