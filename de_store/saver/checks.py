@@ -202,8 +202,11 @@ class PartBuckets:
             return None
         hashed = key_hash_mod(keys, self.modulus, self.key_dtype)
         if self.num_buckets > 1:
-            self._check_buckets(hashed % self.num_buckets, start)
-        return hashed % self.proc_size if self.proc_size > 1 else None
+            self._check_buckets(self._mod(hashed, self.num_buckets), start)
+        return self._mod(hashed, self.proc_size) if self.proc_size > 1 else None
+
+    def _mod(self, hashed: np.ndarray, modulus: int) -> np.ndarray:
+        return hashed if modulus == self.modulus else hashed % modulus
 
     def _check_buckets(self, buckets: np.ndarray, start: int) -> None:
         index = int(np.searchsorted(self.ends, start, side="right"))
