@@ -13,8 +13,8 @@ or after every shard was written:
   and a read-only mount shows only on a write.
 - On other storage, with ``probe=True`` (the command line): an empty object is written under
   the checkpoint folder and deleted again, so that a missing bucket, missing credentials or
-  a read-only account fail here. A library save skips this: its first write meets the same
-  problems before any shard is written, and its storage calls stay the saver's own.
+  a read-only account fail here. A library save skips this: its first write fails on the
+  same problems, so nothing is written, and its storage calls stay the saver's own.
 - :func:`check_reachable` (the command line): the storage server of an ``s3://``,
   ``gs://`` or ``http(s)://`` URL must accept a TCP connection, tried once with a timeout.
   Storage clients retry a refused connection for up to a minute (gcsfs six times with
