@@ -33,7 +33,7 @@ from de_store.progress import Progress, progress_for
 from de_store.saver import events, incremental, shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
 from de_store.saver.chain import chain_links, parent_reference
-from de_store.saver.checks import link_problems, raise_first, repeated_key
+from de_store.saver.checks import Problem, link_problems, raise_first, repeated_key
 from de_store.saver.commit import (
     RANKS_DIR,
     CommitStrategy,
@@ -491,7 +491,8 @@ def restore_checkpoint(
         ]
     for variable, chain, links in zip(variables, chains, loaded, strict=True):
         entries = [entry for *_, entry in chain]
-        _apply_chain(variable, entries, links, f"{backend.url.rstrip('/')}/{chain[0][0]}")
+        folders = [f"{backend.url.rstrip('/')}/{link}" for link, *_ in chain]
+        _apply_chain(variable, entries, links, folders)
         incremental.record_restore(variable, where, manifest, entries)
     rows = sum(r.rows for links in loaded for link_rows, _ in links for _, r in link_rows)
     size = sum(entry.bytes for chain in chains for *_, entry in chain)
@@ -517,13 +518,18 @@ def _apply_chain(
     variable: Any,
     entries: list[VariableEntry],
     links: list[tuple[list[FileRows], list[FileRows]]],
-    full: str,
+    folders: list[str],
 ) -> None:
     """The full link replaces the content; each delta removes its keys, upserts its rows.
 
-    The full link's rows must hold each key once (``full`` names its folder): a repeated
-    key empties the variable and raises, naming the files that hold it.
+    Each link's rows must hold each key once (``folders`` name the links). A delta's are
+    checked before anything is applied (a sort of its rows: deltas are upserted, which
+    finds no repeat); the full link's while it is bulk-loaded, so a repeat there empties
+    the variable. Either raises, naming the key and the files that hold it.
     """
+    for folder, (rows, _) in zip(folders[1:], links[1:], strict=True):
+        if (found := repeated_key((path, r.keys) for path, r in rows)) is not None:
+            _refuse_repeated(variable, folder, found)
     first = [rows for _, rows in links[0][0]]
     reserve = sum(batch.rows for rows, _ in links for _, batch in rows)
     try:
@@ -533,14 +539,19 @@ def _apply_chain(
         repeated = True
     if repeated:
         variable.clear()
-        found = repeated_key((path, batch.keys) for path, batch in links[0][0])
-        detail = f"{full}/{found.path}: {found.message}" if found else "a key is repeated"
-        raise CheckpointCorruptError(
-            f"variable {variable.name!r}: checkpoint {full} is damaged: {detail}; the variable "
-            "was emptied"
-        )
+        found = repeated_key((path, r.keys) for path, r in links[0][0])
+        _refuse_repeated(variable, folders[0], found, " (the variable was emptied)")
     for entry, (rows, removed) in zip(entries[1:], links[1:], strict=True):
         apply_delta(variable, entry.columns, [r for _, r in rows], [r for _, r in removed])
+
+
+def _refuse_repeated(variable: Any, folder: str, found: Problem | None, emptied: str = "") -> None:
+    """Raise :class:`CheckpointCorruptError` for the repeated key ``found`` in the
+    checkpoint ``folder`` (None: the table found a repeat that the rows do not show)."""
+    detail = f"{folder}/{found.path}: {found.message}" if found else "a key is repeated"
+    raise CheckpointCorruptError(
+        f"variable {variable.name!r}: checkpoint {folder} is damaged: {detail}{emptied}"
+    )
 
 
 def _read_link(

@@ -206,3 +206,33 @@ def test_ls_shows_a_damaged_commit_record_and_lists_the_others(
         ["ckpt-1", "committed"], ["ckpt-2", "damaged"], ["ckpt-3", "committed"]
     ]  # fmt: skip
     assert "damaged ckpt-2: " in out and "commit record is not valid" in out
+
+
+def test_a_delta_whose_shards_hold_the_same_keys_is_refused_before_any_change(
+    tmp_path: Path,
+) -> None:
+    backend, first = save(tmp_path, two_shards(100))
+    keys = np.arange(100)
+    save_checkpoint([variable_rows([keys, keys[50:]])], backend, "delta", SINGLE, IOOptions())
+    parent = json.loads((first / MANIFEST).read_text())
+
+    def as_delta(manifest: dict[str, Any]) -> None:
+        manifest.update(format_version=2, parent="ckpt", parent_created=parent["created"])
+        manifest["variables"]["emb"].update(incremental=True, removed=[])
+
+    forge(tmp_path / "delta", as_delta)
+    files = [s["info"]["path"] for s in shards_of(json.loads((tmp_path / "delta" / MANIFEST)
+                                                             .read_text()))]  # fmt: skip
+    var = make_variable()
+    var.upsert(np.array([123456], np.int64), np.ones([1, 4], np.float32))
+    before = content(var)
+    with pytest.raises(CheckpointCorruptError, match="key 50 is held 2 times") as info:
+        restore_checkpoint([var], backend, "delta", SINGLE, IOOptions())
+    message = str(info.value)
+    assert f"checkpoint {tmp_path}/delta is damaged: {tmp_path}/delta/{min(files)}" in message
+    assert all(file in message for file in files)
+    assert content(var) == before  # refused before the full link replaced the content
+    report = verify_checkpoint(backend, "delta")
+    assert [p.message.split(";")[0] for p in report.problems] == [
+        f"key 50 is held 2 times (in {', '.join(sorted(files))})"
+    ]
