@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -19,6 +20,25 @@ from de_store.saver.manifest import (
     merge_rank_manifests,
     to_json,
 )
+
+#: One table shard's rows: ``(keys [n], {column: rows [n, dim]})``.
+Rows = tuple[np.ndarray, dict[str, np.ndarray]]
+#: Reads one table shard's rows when called.
+RowsLoader = Callable[[], Rows]
+
+
+@dataclasses.dataclass
+class SourceVariable:
+    """A variable to rewrite: its schema and, per rank, loaders of its shards in order."""
+
+    name: str
+    key_dtype: str
+    value_dtype: str
+    dim: int
+    columns: dict[str, ColumnSpec]
+    proc_size: int
+    #: rank -> [(global shard id, loader of its rows)]
+    shards: dict[int, list[tuple[int, RowsLoader]]]
 
 
 class _HasName(Protocol):
@@ -37,7 +57,7 @@ def select(variables: list[_Named], names: tuple[str, ...], src: str) -> list[_N
     return [known[n] for n in names]
 
 
-def concat_rows(batches: list[tuple[np.ndarray, dict[str, np.ndarray]]], info: Any) -> Any:
+def concat_rows(batches: list[Rows], info: Mapping[str, Any]) -> Rows:
     """The batches of one shard as one ``(keys, {column: rows})``."""
     if not batches:
         raise CheckpointError(f"shard {info['path']} yielded no batch")

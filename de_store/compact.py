@@ -11,23 +11,24 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from de_store._rewrite import check_columns, commit_ranks, concat_rows, new_checkpoint, select
+from de_store import _rewrite
 from de_store.backends import Backend
 from de_store.catalog import open_location
-from de_store.convert import SourceVariable
 from de_store.errors import CheckpointError
 from de_store.formats.binary import numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
+from de_store.saver import shards
 from de_store.saver.buckets import bucket_order, key_hash_mod
+from de_store.saver.chain import resolve_chain
 from de_store.saver.commit import read_manifest
 from de_store.saver.manifest import ColumnSpec, Manifest, ShardRecord, VariableEntry
 from de_store.saver.retry import RetryPolicy
-from de_store.saver.rows import ShardRows, VariableRows
+from de_store.saver.variable_rows import ShardRows, VariableRows
 
 #: About how many rows of a variable :func:`compact` merges at a time.
 GROUP_ROWS = 1 << 20
@@ -60,8 +61,6 @@ def chain_source(
     CheckpointNotFoundError, CheckpointError
         ``name`` or a link of a chain is missing or uncommitted (the message names it).
     """
-    from de_store.saver.chain import resolve_chain
-
     _, manifest = read_manifest(backend, name)
     out = []
     for var_name in sorted(manifest.variables):
@@ -136,8 +135,6 @@ class _RecordGroups:
         )
 
     def _load(self, klass: int) -> None:
-        from de_store.saver import shards
-
         self._class, self._rows = klass, None
         parts = [i for i, b in enumerate(self.record.part_buckets) if b % self.step == klass]
         if not parts:
@@ -145,7 +142,9 @@ class _RecordGroups:
         batches = list(
             shards.read_shard_rows(self.folder, self.record, parts, buffer_size=self.buffer_size)
         )
-        keys, columns = concat_rows([(b.keys, b.columns) for b in batches], self.record.info)
+        keys, columns = _rewrite.concat_rows(
+            [(b.keys, b.columns) for b in batches], self.record.info
+        )
         if self.step < self.groups:  # order the class's rows by group, once
             buckets = key_hash_mod(keys, self.groups, self.key_dtype)
             order, counts = bucket_order(buckets, self.groups)
@@ -255,13 +254,13 @@ def write_flattened(
     and shards reads its buckets as from any full checkpoint. ``format_name`` None: the
     format of each variable's newest link.
     """
-    with new_checkpoint(backend, name) as strategy:
+    with _rewrite.new_checkpoint(backend, name) as strategy:
         staging = backend.sub(strategy.staging)
         entries = {}
         for var in variables:
             fmt = format_name or var.links[-1][1].format
             entries[var.name] = _write_groups(staging, source, var, fmt, buffer_size, progress)
-        commit_ranks(strategy, {0: entries}, metadata)
+        _rewrite.commit_ranks(strategy, {0: entries}, metadata)
 
 
 def _write_groups(
@@ -273,8 +272,6 @@ def _write_groups(
     progress: Progress,
 ) -> VariableEntry:
     """Write one shard file per key group of ``var``'s flattened chain; return its entry."""
-    from de_store.saver import shards
-
     schema = VariableRows(var.name, var.key_dtype, var.value_dtype, var.dim, var.columns, [])
     records = []
     for group, merged in merged_groups(source, var, buffer_size=buffer_size):
@@ -348,13 +345,15 @@ def compact(
     source, name = open_location(url, storage_options)
     _, variables = chain_source(source, name, group_rows=group_rows)
     if names:
-        variables = select(variables, tuple(names), url)
+        variables = _rewrite.select(variables, tuple(names), url)
     if values_only:
         variables = [
             dataclasses.replace(v, columns={"value": v.columns["value"]}) for v in variables
         ]
     for var in variables:
-        check_columns(var.name, var.key_dtype, var.columns, format or var.links[-1][1].format)
+        _rewrite.check_columns(
+            var.name, var.key_dtype, var.columns, format or var.links[-1][1].format
+        )
     target, out_name = open_location(out_url, storage_options)
     write_flattened(
         variables,
@@ -369,7 +368,7 @@ def compact(
     return out_url
 
 
-def flattened_source(backend: Backend, name: str) -> list[SourceVariable]:
+def flattened_source(backend: Backend, name: str) -> list[_rewrite.SourceVariable]:
     """The variables of the checkpoint ``name`` with their chains applied, for the TFRA
     writer: rank ``r`` of the newest link's ``proc_size`` gets the keys of
     ``default_partition_fn``, its table ``i`` those with ``key mod tables == i``."""
@@ -381,7 +380,7 @@ def flattened_source(backend: Backend, name: str) -> list[SourceVariable]:
             1, max(sum(r.rank == rank for r in newest.shards) for rank in range(manifest.proc_size))
         )
         rank_rows = _RankRows(backend, var, manifest.proc_size)
-        by_rank: dict[int, list[tuple[int, Callable[[], Any]]]] = {
+        by_rank: dict[int, list[tuple[int, _rewrite.RowsLoader]]] = {
             rank: [
                 (rank * tables + i, functools.partial(rank_rows.table, rank, i, tables))
                 for i in range(tables)
@@ -389,7 +388,7 @@ def flattened_source(backend: Backend, name: str) -> list[SourceVariable]:
             for rank in range(manifest.proc_size)
         }
         out.append(
-            SourceVariable(
+            _rewrite.SourceVariable(
                 var.name,
                 var.key_dtype,
                 var.value_dtype,

@@ -21,55 +21,45 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from de_store._rewrite import check_columns, commit_ranks, concat_rows, new_checkpoint, select
+from de_store._rewrite import (
+    Rows,
+    RowsLoader,
+    SourceVariable,
+    check_columns,
+    commit_ranks,
+    concat_rows,
+    new_checkpoint,
+    select,
+)
 from de_store.backends import Backend, open_backend
 from de_store.catalog import open_location
+from de_store.compact import chain_source, compact, flattened_source
 from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
 from de_store.formats import FORMATS, batch_to_numpy, tfra
 from de_store.formats.batches import batch_from_numpy
 from de_store.formats.binary import KEYS_SUFFIX, VALUES_SUFFIX, decode_pair, numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
+from de_store.saver import shards
 from de_store.saver.commit import read_manifest
-from de_store.saver.manifest import (
-    ColumnSpec,
-    VariableEntry,
-)
-from de_store.saver.rows import ShardRows, VariableRows
+from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
+from de_store.saver.variable_rows import ShardRows, VariableRows
 
 #: Target names of ``de-store convert --to``.
 TARGETS = (*sorted(FORMATS), "tfra")
 _TFRA_FILE = re.compile(r"^(?:.*/)?(.+)_mht_(\d+)of(\d+)_rank(\d+)_size(\d+)-keys$")
 
 
-@dataclasses.dataclass
-class SourceVariable:
-    """A variable to convert: its schema and, per rank, loaders of its shards in order."""
-
-    name: str
-    key_dtype: str
-    value_dtype: str
-    dim: int
-    columns: dict[str, ColumnSpec]
-    proc_size: int
-    #: rank -> [(global shard id, load() -> (keys, {column: rows}))]
-    shards: dict[int, list[tuple[int, Callable[[], Any]]]]
-
-
 # --- sources ----------------------------------------------------------------------------
 def checkpoint_source(backend: Backend, name: str) -> list[SourceVariable]:
     """The variables of the committed de_store checkpoint ``name`` under ``backend``; of an
     incremental one, with its chain applied (see :func:`de_store.compact.flattened_source`)."""
-    from de_store.saver import shards  # imports TensorFlow (string key hashing)
-
     folder, manifest = read_manifest(backend, name)
     if manifest.incremental:
-        from de_store.compact import flattened_source  # it builds on this module
-
         return flattened_source(backend, name)
     folder_backend = backend.sub(folder)
 
-    def loader(record: Any) -> Callable[[], Any]:
-        def load() -> Any:
+    def loader(record: ShardRecord) -> RowsLoader:
+        def load() -> Rows:
             parts = list(range(len(record.part_buckets)))
             batches = list(
                 shards.read_shard_rows(folder_backend, record, parts, buffer_size=1 << 16)
@@ -80,7 +70,7 @@ def checkpoint_source(backend: Backend, name: str) -> list[SourceVariable]:
 
     out = []
     for entry in manifest.variables.values():
-        by_rank: dict[int, list[tuple[int, Callable[[], Any]]]] = {}
+        by_rank: dict[int, list[tuple[int, RowsLoader]]] = {}
         for record in sorted(entry.shards, key=lambda s: (s.rank, s.shard)):
             by_rank.setdefault(record.rank, []).append((record.shard, loader(record)))
         out.append(
@@ -117,7 +107,7 @@ def tfra_source(
     out = []
     for name in names:
         paths = tfra.find_files(backend, name)
-        by_rank: dict[int, list[tuple[int, Callable[[], Any]]]] = {}
+        by_rank: dict[int, list[tuple[int, RowsLoader]]] = {}
         proc_size = 1
         for path in paths:
             match = _TFRA_FILE.match(path)
@@ -132,13 +122,13 @@ def tfra_source(
 
 def _tfra_loader(
     backend: Backend, keys_path: str, name: str, dim: int, key_dtype: str, value_dtype: str
-) -> Callable[[], Any]:
+) -> RowsLoader:
     values_path = keys_path[: -len(KEYS_SUFFIX)] + VALUES_SUFFIX
     schema = tfra.SchemaInfo(name, dim, key_dtype, value_dtype)
     check = functools.partial(_check_tfra_sizes, backend, keys_path, values_path, schema)
     check(backend.size(keys_path), backend.size(values_path))  # before anything is written
 
-    def load() -> Any:
+    def load() -> Rows:
         keys, values = backend.read_bytes(keys_path), backend.read_bytes(values_path)
         check(len(keys), len(values))
         key_array, value_array, _ = batch_to_numpy(decode_pair(keys, values, schema.arrow_schema()))
@@ -205,13 +195,11 @@ def _write_rank(
     staging: Backend,
     var: SourceVariable,
     rank: int,
-    loaders: list[tuple[int, Callable[[], Any]]],
+    loaders: list[tuple[int, RowsLoader]],
     format_name: str,
     buffer_size: int,
 ) -> VariableEntry:
     """Write the shards of ``var`` that rank ``rank`` held; return the rank's entry."""
-    from de_store.saver import shards
-
     loaded = [(shard_id, load()) for shard_id, load in loaders]
     shard_rows = [ShardRows(keys, {c: cols[c] for c in var.columns}) for _, (keys, cols) in loaded]
     rows = VariableRows(var.name, var.key_dtype, var.value_dtype, var.dim, var.columns, shard_rows)
@@ -373,8 +361,6 @@ def _flatten(
 ) -> str:
     if to is not None and to not in TARGETS:
         raise ValueError(f"--to must be one of {', '.join(TARGETS)}, got {to!r}")
-    from de_store.compact import chain_source, compact  # it builds on this module
-
     backend, name = open_location(src, storage_options)
     _, variables = chain_source(backend, name)
     if tfra_options.names:

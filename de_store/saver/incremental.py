@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from de_store.saver.chain import parent_reference
-from de_store.saver.manifest import ColumnSpec, Manifest, VariableEntry
-from de_store.saver.rows import VariableRows, column_specs, export_delta, export_rows
+from de_store.saver.manifest import Manifest, VariableEntry
+from de_store.saver.rows import SavedVariable, column_specs, export_delta, export_rows
+from de_store.saver.variable_rows import ChangeBase, VariableRows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,41 +56,10 @@ def policy_of(incremental: IncrementalPolicy | bool | None) -> IncrementalPolicy
     return incremental
 
 
-@dataclasses.dataclass(frozen=True)
-class ChangeBase:
-    """A variable's last committed checkpoint: what its next delta applies on.
-
-    Attributes
-    ----------
-    url: the checkpoint's URL (``backend.url/name``).
-    mark: this process's snapshot mark of that save: its delta holds what changed after.
-    created: the checkpoint manifest's ``created`` (a rewrite of ``url`` changes it).
-    chain_length: links of the checkpoint's chain for this variable (1: a full save).
-    full_bytes: bytes of the chain's full entry of this variable.
-    delta_bytes: bytes of the chain's delta entries of this variable so far.
-    columns: the saved columns; a variable with other columns now saves full.
-    previous: the last base before it in another location (say the checkpoint before a
-        SavedModel export): a later save beside ``previous`` is a delta on it.
-    """
-
-    url: str
-    mark: int
-    created: float
-    chain_length: int
-    full_bytes: int
-    delta_bytes: int
-    columns: dict[str, ColumnSpec]
-    previous: ChangeBase | None = None
-
-    def candidates(self) -> list[ChangeBase]:
-        """This base and the previous one, if any: what the next delta may apply on."""
-        return [self] if self.previous is None else [self, self.previous]
-
-
 def full_save_reason(
     policy: IncrementalPolicy,
     base: ChangeBase | None,
-    variable: Any,
+    variable: SavedVariable,
     url: str | None,
     location: str | None = None,
 ) -> str | None:
@@ -130,14 +99,17 @@ def is_sibling(base_url: str, url: str) -> bool:
     return reference != base_url.rstrip("/") and reference != url.rstrip("/").rpartition("/")[2]
 
 
-def tracks_changes(variable: Any) -> bool:
+def tracks_changes(variable: SavedVariable) -> bool:
     """Whether every table of ``variable`` (companions too) tracks changes."""
     tables = getattr(variable, "tables", None)
     return tables is not None and all(getattr(t, "track_changes", False) for t in tables())
 
 
 def snapshot(
-    variable: Any, policy: IncrementalPolicy | None, url: str | None, location: str | None = None
+    variable: SavedVariable,
+    policy: IncrementalPolicy | None,
+    url: str | None,
+    location: str | None = None,
 ) -> VariableRows:
     """A save's rows of ``variable`` (eagerly): a delta on its ``change_base`` when the
     policy allows (see :func:`full_save_reason`), else every row; with a policy, marked so
@@ -168,7 +140,7 @@ def _located(base: ChangeBase, url: str | None, location: str | None) -> bool:
 
 
 def snapshots(
-    variables: Sequence[Any], policy: IncrementalPolicy | None, url: str | None
+    variables: Sequence[SavedVariable], policy: IncrementalPolicy | None, url: str | None
 ) -> list[VariableRows]:
     """:func:`snapshot` of variables saved together: the deltas of one checkpoint apply
     on one parent, so when their bases differ, all of them are saved full instead."""
@@ -182,7 +154,9 @@ def snapshots(
     ]
 
 
-def record_commit(variable: Any, rows: VariableRows, url: str, manifest: Manifest) -> None:
+def record_commit(
+    variable: SavedVariable, rows: VariableRows, url: str, manifest: Manifest
+) -> None:
     """After ``rows`` committed as ``url``: the variable's next delta applies on it."""
     if rows.mark is None:
         return
@@ -197,7 +171,7 @@ def record_commit(variable: Any, rows: VariableRows, url: str, manifest: Manifes
                                    dict(entry.columns), previous))  # fmt: skip
 
 
-def _elsewhere(current: Any, url: str) -> ChangeBase | None:
+def _elsewhere(current: ChangeBase | None, url: str) -> ChangeBase | None:
     """The newest base among ``current``'s candidates in another location than ``url``."""
     if not isinstance(current, ChangeBase):
         return None
@@ -207,13 +181,13 @@ def _elsewhere(current: Any, url: str) -> ChangeBase | None:
     return None
 
 
-def record_failure(variable: Any) -> None:
+def record_failure(variable: SavedVariable) -> None:
     """After a failed save: nothing is known to be committed, the next save is full."""
     _set_base(variable, None)
 
 
 def record_restore(
-    variable: Any, url: str, manifest: Manifest, chain: Sequence[VariableEntry]
+    variable: SavedVariable, url: str, manifest: Manifest, chain: Sequence[VariableEntry]
 ) -> None:
     """After ``variable`` was restored from ``url`` (whose chain is ``chain``, oldest
     first): its next delta applies on that checkpoint."""
@@ -225,6 +199,6 @@ def record_restore(
     _set_base(variable, base)
 
 
-def _set_base(variable: Any, base: ChangeBase | None) -> None:
+def _set_base(variable: SavedVariable, base: ChangeBase | None) -> None:
     # tf.Module would track an attribute set the usual way
     object.__setattr__(variable, "change_base", base)

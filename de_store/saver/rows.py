@@ -1,9 +1,10 @@
 """Between Variables and numpy rows: what the saver writes and what a restore applies.
 
-A :class:`VariableRows` holds, per table shard, the keys and every per-key column: the
-``value`` rows and the companions' rows (optimizer slots, restrict status) for the same keys.
-A delta (:func:`export_delta`) holds only the rows changed since a mark, and the keys
-removed since.
+:func:`export_rows` reads a Variable's shards (and its companions': optimizer slots,
+restrict status) into a :class:`~de_store.saver.variable_rows.VariableRows`;
+:func:`export_delta` only the rows changed since a mark, and the keys removed since.
+:func:`apply_rows` and :func:`apply_delta` put restored rows back. This is the saver's
+TensorFlow side; the rows themselves are numpy (:mod:`de_store.saver.variable_rows`).
 """
 
 from __future__ import annotations
@@ -11,24 +12,75 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import tensorflow as tf
 
 from de_store.errors import CheckpointError
 from de_store.saver.manifest import ColumnSpec, VariableEntry
+from de_store.saver.variable_rows import (
+    TF_ALIGNMENT,
+    VALUE_COLUMN,
+    ChangeBase,
+    ShardRows,
+    VariableRows,
+    coalesce,
+)
 
 if TYPE_CHECKING:
-    from de_store.saver.incremental import ChangeBase
+    from de_store.tables.base import TableCore
 
-VALUE_COLUMN = "value"
+__all__ = [
+    "VALUE_COLUMN",
+    "SavedVariable",
+    "ShardRows",
+    "VariableRows",
+    "apply_delta",
+    "apply_rows",
+    "check_compatible",
+    "column_specs",
+    "export_delta",
+    "export_rows",
+    "io_device_scope",
+    "to_host",
+    "to_tensor",
+]
+
+
+class SavedVariable(Protocol):
+    """What the saver needs of a :class:`de_store.Variable` (and of its companions): its
+    schema, shards and companions, and the change tracking of incremental saves. The
+    saver, a lower layer than the Variable, names only this."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def key_dtype(self) -> tf.DType: ...
+    @property
+    def value_dtype(self) -> tf.DType: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def shards(self) -> Sequence[TableCore]: ...
+    @property
+    def devices(self) -> Sequence[str]: ...
+    @property
+    def change_base(self) -> ChangeBase | None: ...
+    def companions(self) -> Mapping[str, SavedVariable]: ...
+    def companion(self, column: str, dim: int, value_dtype: tf.DType) -> SavedVariable: ...
+    def tables(self) -> list[TableCore]: ...
+    def next_change_epoch(self) -> int: ...
+    def clear(self) -> None: ...
+    def remove(self, keys: tf.Tensor) -> None: ...
+    def upsert(self, keys: tf.Tensor, values: tf.Tensor) -> None: ...
+    def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> None: ...
+
+
 #: Rows per upsert on restore: large enough to amortise the per-call cost, small enough
 #: for the table's insert to stay fast (it slows down on much larger batches).
 UPSERT_ROWS = 1 << 18
-#: Byte alignment TensorFlow's CPU kernels require of a tensor's buffer.
-TF_ALIGNMENT = 64
 #: Rows per bulk load (``load_distinct``) on restore: it gains from larger batches.
 LOAD_ROWS = 1 << 20
 #: Headroom over an even split of the restored rows when shards are grown up front.
@@ -99,48 +151,7 @@ def _on_io_device(device: str) -> Iterator[None]:
         raise CheckpointError(f"experimental_io_device {device!r} cannot be used: {err}") from err
 
 
-@dataclasses.dataclass
-class ShardRows:
-    """The rows of one table shard: ``keys [n]`` and ``columns[name] [n, dim]``."""
-
-    keys: np.ndarray
-    columns: dict[str, np.ndarray]
-
-    @property
-    def rows(self) -> int:
-        return len(self.keys)
-
-
-@dataclasses.dataclass
-class VariableRows:
-    """A variable's rows over its local shards, with the dtypes and columns to save."""
-
-    name: str
-    key_dtype: str
-    value_dtype: str
-    dim: int
-    columns: dict[str, ColumnSpec]
-    shards: list[ShardRows]
-    #: A delta: per shard, the keys removed since ``base``; None for a full save.
-    removed: list[np.ndarray] | None = None
-    #: The snapshot mark (``Variable.next_change_epoch``) when the variable tracks changes
-    #: for incremental saves: what the next delta is taken since, once this one commits.
-    mark: int | None = None
-    #: A delta's base: the committed checkpoint it applies on.
-    base: ChangeBase | None = None
-
-    @property
-    def incremental(self) -> bool:
-        return self.removed is not None
-
-    @property
-    def rows(self) -> int:
-        """Rows to write, tombstones included."""
-        removed = sum(len(keys) for keys in self.removed or [])
-        return sum(shard.rows for shard in self.shards) + removed
-
-
-def column_specs(variable: Any) -> dict[str, ColumnSpec]:
+def column_specs(variable: SavedVariable) -> dict[str, ColumnSpec]:
     """``value`` and each companion column of ``variable``, with dtype and dim."""
     specs = {VALUE_COLUMN: ColumnSpec(variable.value_dtype.name, variable.dim)}
     for column, companion in sorted(variable.companions().items()):
@@ -148,7 +159,7 @@ def column_specs(variable: Any) -> dict[str, ColumnSpec]:
     return specs
 
 
-def export_shard(variable: Any, index: int) -> ShardRows:
+def export_shard(variable: SavedVariable, index: int) -> ShardRows:
     """Read shard ``index``: keys, values and companion rows, in the table's own order.
 
     The writer groups the rows by key bucket later (in the background for async saves):
@@ -162,13 +173,17 @@ def export_shard(variable: Any, index: int) -> ShardRows:
     return ShardRows(keys, columns)
 
 
-def _add_companions(variable: Any, index: int, keys: np.ndarray, columns: dict) -> None:
+def _add_companions(
+    variable: SavedVariable, index: int, keys: np.ndarray, columns: dict[str, np.ndarray]
+) -> None:
     for column, companion in sorted(variable.companions().items()):
         found, _ = companion.shards[index].lookup(tf.constant(keys))
         columns[column] = to_host(found)
 
 
-def export_shard_changes(variable: Any, index: int, since: int) -> tuple[ShardRows, np.ndarray]:
+def export_shard_changes(
+    variable: SavedVariable, index: int, since: int
+) -> tuple[ShardRows, np.ndarray]:
     """The rows of shard ``index`` changed after epoch ``since`` and the keys removed since.
 
     Changed: written to the value table or to any companion (an optimizer step may change
@@ -192,7 +207,7 @@ def export_shard_changes(variable: Any, index: int, since: int) -> tuple[ShardRo
     return ShardRows(keys, columns), to_host(removed_t)
 
 
-def export_delta(variable: Any, since: int) -> VariableRows:
+def export_delta(variable: SavedVariable, since: int) -> VariableRows:
     """A variable's changes after epoch ``since`` (eagerly; see :func:`export_shard_changes`)."""
     changes = [export_shard_changes(variable, i, since) for i in range(len(variable.shards))]
     return dataclasses.replace(
@@ -201,7 +216,7 @@ def export_delta(variable: Any, since: int) -> VariableRows:
     )
 
 
-def _rows_of(variable: Any, shards: list[ShardRows]) -> VariableRows:
+def _rows_of(variable: SavedVariable, shards: list[ShardRows]) -> VariableRows:
     return VariableRows(
         name=variable.name,
         key_dtype=variable.key_dtype.name,
@@ -212,12 +227,12 @@ def _rows_of(variable: Any, shards: list[ShardRows]) -> VariableRows:
     )
 
 
-def export_rows(variable: Any) -> VariableRows:
+def export_rows(variable: SavedVariable) -> VariableRows:
     """Read a variable's shards eagerly (a save's snapshot); see :func:`export_shard`."""
     return _rows_of(variable, [export_shard(variable, i) for i in range(len(variable.shards))])
 
 
-def check_compatible(variable: Any, entry: VariableEntry, where: str) -> None:
+def check_compatible(variable: SavedVariable, entry: VariableEntry, where: str) -> None:
     """Raise ``CheckpointError`` if the saved variable cannot be restored into ``variable``."""
     mine = (variable.key_dtype.name, variable.value_dtype.name, variable.dim)
     saved = (entry.key_dtype, entry.value_dtype, entry.dim)
@@ -240,7 +255,10 @@ def check_compatible(variable: Any, entry: VariableEntry, where: str) -> None:
 
 
 def apply_rows(
-    variable: Any, specs: dict[str, ColumnSpec], batches: Sequence[ShardRows], reserve: int = 0
+    variable: SavedVariable,
+    specs: dict[str, ColumnSpec],
+    batches: Sequence[ShardRows],
+    reserve: int = 0,
 ) -> None:
     """Replace the variable's content (and companions') with the restored rows; grow the
     tables for ``reserve`` rows (at least the rows given) first.
@@ -250,6 +268,7 @@ def apply_rows(
     """
     targets = _targets(variable, specs)
     total = max(reserve, sum(batch.rows for batch in batches))
+
     variable.clear()  # companions too
     for target in targets.values():
         _reserve(target, total)
@@ -260,7 +279,7 @@ def apply_rows(
 
 
 def apply_delta(
-    variable: Any,
+    variable: SavedVariable,
     specs: dict[str, ColumnSpec],
     batches: Sequence[ShardRows],
     removed: Sequence[ShardRows],
@@ -272,7 +291,7 @@ def apply_delta(
     upsert_rows(_targets(variable, specs), batches)
 
 
-def _targets(variable: Any, specs: dict[str, ColumnSpec]) -> dict[str, Any]:
+def _targets(variable: SavedVariable, specs: dict[str, ColumnSpec]) -> dict[str, SavedVariable]:
     """The table of each column: the variable for ``value``, else its companion."""
     targets = {VALUE_COLUMN: variable}
     for column, spec in specs.items():
@@ -281,7 +300,7 @@ def _targets(variable: Any, specs: dict[str, ColumnSpec]) -> dict[str, Any]:
     return targets
 
 
-def upsert_rows(targets: dict[str, Any], batches: Iterable[ShardRows]) -> None:
+def upsert_rows(targets: dict[str, SavedVariable], batches: Iterable[ShardRows]) -> None:
     """Upsert every column of ``batches`` into its table, in large batches."""
     for batch in coalesce(batches, UPSERT_ROWS):
         keys = to_tensor(batch.keys)
@@ -289,7 +308,7 @@ def upsert_rows(targets: dict[str, Any], batches: Iterable[ShardRows]) -> None:
             target.upsert(keys, to_tensor(batch.columns[column]))
 
 
-def _reserve(variable: Any, rows: int) -> None:
+def _reserve(variable: SavedVariable, rows: int) -> None:
     """Grow each shard once for its expected share of ``rows`` (cores that can; growing
     step by step while inserting costs about half of a bulk load's time)."""
     shards = len(variable.shards)
@@ -298,44 +317,3 @@ def _reserve(variable: Any, rows: int) -> None:
         if hasattr(shard, "reserve"):
             with tf.device(device):
                 shard.reserve(share)
-
-
-def coalesce(batches: Iterable[ShardRows], rows: int) -> Iterator[ShardRows]:
-    """The rows of ``batches``, in order, regrouped into batches of about ``rows`` rows.
-
-    A restore reads one small part per key bucket; each upsert has a fixed cost, so the
-    parts are concatenated into few large upserts. Empty batches are dropped.
-    """
-    pending: list[ShardRows] = []
-    held = 0
-    for batch in batches:
-        if not batch.rows:
-            continue
-        pending.append(batch)
-        held += batch.rows
-        if held >= rows:
-            yield _concat(pending)
-            pending, held = [], 0
-    if pending:
-        yield _concat(pending)
-
-
-def _concat(batches: list[ShardRows]) -> ShardRows:
-    if len(batches) == 1:
-        return batches[0]
-    keys = _aligned_concat([b.keys for b in batches])
-    columns = {n: _aligned_concat([b.columns[n] for b in batches]) for n in batches[0].columns}
-    return ShardRows(keys, columns)
-
-
-def _aligned_concat(arrays: list[np.ndarray]) -> np.ndarray:
-    """``numpy.concatenate`` into a buffer aligned for TensorFlow (see ``_host_tensor``)."""
-    if arrays[0].dtype == object:
-        return np.concatenate(arrays)
-    shape = (sum(len(a) for a in arrays), *arrays[0].shape[1:])
-    dtype = arrays[0].dtype
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % TF_ALIGNMENT
-    out = raw[start : start + nbytes].view(dtype).reshape(shape)
-    return np.concatenate(arrays, out=out)

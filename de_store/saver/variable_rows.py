@@ -1,0 +1,138 @@
+"""A variable's rows as numpy arrays: what a save writes and a restore reads.
+
+A :class:`VariableRows` holds, per table shard, the keys and every per-key column: the
+``value`` rows and the companions' rows (optimizer slots, restrict status) for the same keys.
+A delta holds only the rows changed since a mark, and the keys removed since, on a
+:class:`ChangeBase`.
+
+This module needs numpy only, so the shard writers and readers, ``compact`` and ``convert``
+use it without TensorFlow; :mod:`de_store.saver.rows` moves these rows into and out of
+Variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from de_store.saver.manifest import ColumnSpec
+
+VALUE_COLUMN = "value"
+#: Byte alignment TensorFlow's CPU kernels require of a tensor's buffer.
+TF_ALIGNMENT = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ChangeBase:
+    """A variable's last committed checkpoint: what its next delta applies on.
+
+    Attributes
+    ----------
+    url: the checkpoint's URL (``backend.url/name``).
+    mark: this process's snapshot mark of that save: its delta holds what changed after.
+    created: the checkpoint manifest's ``created`` (a rewrite of ``url`` changes it).
+    chain_length: links of the checkpoint's chain for this variable (1: a full save).
+    full_bytes: bytes of the chain's full entry of this variable.
+    delta_bytes: bytes of the chain's delta entries of this variable so far.
+    columns: the saved columns; a variable with other columns now saves full.
+    previous: the last base before it in another location (say the checkpoint before a
+        SavedModel export): a later save beside ``previous`` is a delta on it.
+    """
+
+    url: str
+    mark: int
+    created: float
+    chain_length: int
+    full_bytes: int
+    delta_bytes: int
+    columns: dict[str, ColumnSpec]
+    previous: ChangeBase | None = None
+
+    def candidates(self) -> list[ChangeBase]:
+        """This base and the previous one, if any: what the next delta may apply on."""
+        return [self] if self.previous is None else [self, self.previous]
+
+
+@dataclasses.dataclass
+class ShardRows:
+    """The rows of one table shard: ``keys [n]`` and ``columns[name] [n, dim]``."""
+
+    keys: np.ndarray
+    columns: dict[str, np.ndarray]
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys)
+
+
+@dataclasses.dataclass
+class VariableRows:
+    """A variable's rows over its local shards, with the dtypes and columns to save."""
+
+    name: str
+    key_dtype: str
+    value_dtype: str
+    dim: int
+    columns: dict[str, ColumnSpec]
+    shards: list[ShardRows]
+    #: A delta: per shard, the keys removed since ``base``; None for a full save.
+    removed: list[np.ndarray] | None = None
+    #: The snapshot mark (``Variable.next_change_epoch``) when the variable tracks changes
+    #: for incremental saves: what the next delta is taken since, once this one commits.
+    mark: int | None = None
+    #: A delta's base: the committed checkpoint it applies on.
+    base: ChangeBase | None = None
+
+    @property
+    def incremental(self) -> bool:
+        return self.removed is not None
+
+    @property
+    def rows(self) -> int:
+        """Rows to write, tombstones included."""
+        removed = sum(len(keys) for keys in self.removed or [])
+        return sum(shard.rows for shard in self.shards) + removed
+
+
+def coalesce(batches: Iterable[ShardRows], rows: int) -> Iterator[ShardRows]:
+    """The rows of ``batches``, in order, regrouped into batches of about ``rows`` rows.
+
+    A restore reads one small part per key bucket; each upsert has a fixed cost, so the
+    parts are concatenated into few large upserts. Empty batches are dropped.
+    """
+    pending: list[ShardRows] = []
+    held = 0
+    for batch in batches:
+        if not batch.rows:
+            continue
+        pending.append(batch)
+        held += batch.rows
+        if held >= rows:
+            yield _concat(pending)
+            pending, held = [], 0
+    if pending:
+        yield _concat(pending)
+
+
+def _concat(batches: list[ShardRows]) -> ShardRows:
+    if len(batches) == 1:
+        return batches[0]
+    keys = _aligned_concat([b.keys for b in batches])
+    columns = {n: _aligned_concat([b.columns[n] for b in batches]) for n in batches[0].columns}
+    return ShardRows(keys, columns)
+
+
+def _aligned_concat(arrays: list[np.ndarray]) -> np.ndarray:
+    """``numpy.concatenate`` into a buffer aligned to :data:`TF_ALIGNMENT` bytes, so that
+    TensorFlow can take it over without a copy (see ``rows.to_tensor``)."""
+    if arrays[0].dtype == object:
+        return np.concatenate(arrays)
+    shape = (sum(len(a) for a in arrays), *arrays[0].shape[1:])
+    dtype = arrays[0].dtype
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % TF_ALIGNMENT
+    out = raw[start : start + nbytes].view(dtype).reshape(shape)
+    return np.concatenate(arrays, out=out)

@@ -1,0 +1,155 @@
+"""What importing de_store's modules loads, and which modules import each other.
+
+``convert`` and ``compact`` rewrite checkpoints in numpy and pyarrow: they must work where
+TensorFlow is slow to load or absent. pytest is a test extra: importing de_store, or its
+test helpers other than the suites, must not need it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+import de_store as ds
+from de_store.testing.tfra_sample import tfra_sample
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Where each package's modules live (de_store.backends and .formats sit at the top).
+PACKAGES = {"de_store": "de_store", "de_store.backends": "backends", "de_store.formats": "formats"}
+
+SCRIPT = """
+import json, sys
+for module in sys.argv[2:]:
+    __import__(module)
+from de_store.cli import main
+codes = [main(argv) for argv in json.loads(sys.argv[1])]
+print(json.dumps([codes, sorted(m for m in ("tensorflow", "pytest") if m in sys.modules)]))
+"""
+
+
+def run_fresh(commands: list[list[str]], *modules: str) -> tuple[list[int], list[str]]:
+    """Import ``modules`` and run the CLI ``commands`` in a new interpreter; the exit codes
+    and which of tensorflow and pytest it then holds."""
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(commands), *modules],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    codes, loaded = json.loads(result.stdout.splitlines()[-1])
+    return codes, loaded
+
+
+def test_importing_compact_convert_and_the_test_helpers_loads_neither_tf_nor_pytest() -> None:
+    modules = ["de_store", "de_store.compact", "de_store.convert", "de_store.testing"]
+    assert run_fresh([], *modules) == ([], [])
+
+
+def test_importing_a_conformance_suite_loads_pytest_only_then() -> None:
+    assert run_fresh([], "de_store.testing.backend_suite") == ([], ["pytest"])
+
+
+def save_chain(directory: Path) -> str:
+    """A full checkpoint and a delta on it (TensorFlow is loaded here, in the test)."""
+    variable = ds.Variable("emb", dim=4)
+    keys = tf.range(200, dtype=tf.int64)
+    variable.upsert(keys, tf.ones([200, 4]))
+    ds.save([variable], str(directory / "ckpt-1"), incremental=True, blocking=True)
+    variable.upsert(keys[:20], tf.fill([20, 4], 2.0))
+    variable.remove(keys[-5:])
+    ds.save([variable], str(directory / "ckpt-2"), incremental=True, blocking=True)
+    return str(directory / "ckpt-2")
+
+
+def test_convert_and_compact_run_without_tensorflow(tmp_path: Path) -> None:
+    delta = save_chain(tmp_path / "run")
+    tfra = tfra_sample(str(tmp_path / "tfra"), rows=50, dim=4)
+    out = tmp_path / "out"
+    commands = [
+        ["convert", "-q", tfra, str(out / "from_tfra"), "--to", "parquet", "--dim", "4"],
+        ["convert", "-q", str(out / "from_tfra"), str(out / "arrow"), "--to", "arrow"],
+        ["convert", "-q", str(out / "arrow"), str(out / "TFRADynamicEmbedding"), "--to", "tfra"],
+        ["convert", "-q", delta, str(out / "flat"), "--to", "binary", "--values-only"],
+        ["convert", "-q", delta, str(out / "compacted")],
+        ["verify", "-q", str(out / "compacted")],
+    ]
+    assert run_fresh(commands) == ([0] * len(commands), [])
+    restored = ds.Variable("emb", dim=4)
+    ds.restore([restored], str(out / "compacted"))
+    keys, values = (t.numpy() for t in restored.export())
+    expected = {k: 2.0 if k < 20 else 1.0 for k in range(195)}
+    assert dict(zip(keys.tolist(), values[:, 0].tolist(), strict=True)) == expected
+    assert np.all(values == values[:, :1])
+
+
+def module_files() -> dict[str, Path]:
+    """de_store's modules by dotted name."""
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            found[".".join([package, *(p for p in parts if p != "__init__")])] = path
+    return found
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The de_store modules ``name`` imports anywhere (in functions and under
+    TYPE_CHECKING too): the longest known prefix of each imported name."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base += f".{node.module}" if node.module else ""
+            targets += [f"{base}.{alias.name}" for alias in node.names]
+    found = set()
+    for target in targets:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+    return found
+
+
+def circles() -> list[set[str]]:
+    """The sets of modules that import each other, directly or around a loop."""
+    modules = module_files()
+    graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    reachable = {name: reach(name) for name in graph}
+    loops = {
+        frozenset({name} | {m for m in reachable[name] if name in reachable[m]})
+        for name in graph
+        if name in reachable[name]
+    }
+    return [set(loop) for loop in loops]
+
+
+def test_the_rewriting_and_row_modules_are_in_no_import_circle() -> None:
+    mine = {
+        "de_store._rewrite",
+        "de_store.compact",
+        "de_store.convert",
+        "de_store.saver.incremental",
+        "de_store.saver.rows",
+        "de_store.saver.variable_rows",
+    }
+    assert [loop for loop in circles() if loop & mine] == []
