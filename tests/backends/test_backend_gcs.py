@@ -6,14 +6,14 @@ import contextlib
 from typing import Any, ClassVar
 
 import pytest
-from conformance import BackendConformance, race_write_once
 
 from de_store.backends import Backend
 from de_store.backends.gcs import GCSBackend
 from de_store.testing import StorageLocation
+from de_store.testing.backend_suite import BackendTests, race_write_once
 
 
-class TestGCSBackend(BackendConformance):
+class TestGCSBackend(BackendTests):
     passthrough_options: ClassVar[dict[str, Any]] = {"consistency": "md5"}
 
     @pytest.fixture

@@ -7,15 +7,15 @@ import stat
 from typing import Any, ClassVar
 
 import pytest
-from conformance import BackendConformance
 
 from de_store.backends import Backend, open_backend
 from de_store.backends.local import LocalBackend
 from de_store.errors import BackendError
 from de_store.testing import StorageLocation
+from de_store.testing.backend_suite import BackendTests
 
 
-class TestLocalBackend(BackendConformance):
+class TestLocalBackend(BackendTests):
     atomic_rename = True
     passthrough_options: ClassVar[dict[str, Any]] = {"auto_mkdir": True}
 

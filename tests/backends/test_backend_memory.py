@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conformance import BackendConformance
 
 from de_store.backends.memory import MemoryBackend
 from de_store.testing import StorageLocation
+from de_store.testing.backend_suite import BackendTests
 
 
-class TestMemoryBackend(BackendConformance):
+class TestMemoryBackend(BackendTests):
     @pytest.fixture
     def location(self, memory_location: StorageLocation) -> StorageLocation:
         return memory_location

@@ -6,17 +6,17 @@ import random
 from typing import Any, ClassVar
 
 import pytest
-from conformance import BackendConformance
 
 from de_store.backends import open_backend
 from de_store.backends.s3 import S3Backend
 from de_store.errors import BackendError
 from de_store.testing import StorageLocation
+from de_store.testing.backend_suite import BackendTests
 
 MIB = 1 << 20
 
 
-class TestS3Backend(BackendConformance):
+class TestS3Backend(BackendTests):
     passthrough_options: ClassVar[dict[str, Any]] = {"default_block_size": 6 * 1024 * 1024}
 
     @pytest.fixture

@@ -1,9 +1,22 @@
-"""One conformance suite for the :class:`~de_store.backends.Backend` contract.
+"""The conformance suite of the :class:`~de_store.backends.Backend` contract.
 
-Each backend's test file subclasses :class:`BackendConformance` and provides a ``location``
-fixture (a :class:`~de_store.testing.StorageLocation`); every test here then runs against
-that backend. A backend quirk is a marked exception in that backend's file, never an ``if``
-here.
+A backend's test file subclasses :class:`BackendTests` and defines the ``location``
+fixture (a :class:`~de_store.testing.StorageLocation` of an empty place in the store);
+pytest then runs every test here against that backend::
+
+    from de_store.testing import StorageLocation
+    from de_store.testing.backend_suite import BackendTests
+
+    class TestMyBackend(BackendTests):
+        atomic_rename = False  # what the backend declares
+
+        @pytest.fixture
+        def location(self, tmp_path):
+            return StorageLocation("mine", f"mine://{tmp_path}")
+
+de_store's own backends (local, memory, S3 on a moto server, GCS on the emulator) run it
+the same way. A backend's quirk is a marked test in that backend's own file, never an
+``if`` here. This module needs pytest (a test dependency); ``import de_store`` does not.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ def payload(n: int, seed: int = 0) -> bytes:
     return random.Random(seed).randbytes(n)
 
 
-class BackendConformance:
+class BackendTests:
     """Behaviour every backend must show. Subclasses define the ``location`` fixture."""
 
     #: Whether the backend declares atomic rename.

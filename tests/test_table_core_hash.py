@@ -1,4 +1,5 @@
-"""Behaviour every table core shares, run against HashTable and MutableTable."""
+"""The table core suite on HashTable (serial and unordered scatters), plus its own
+behaviour: growth, kernels shared between tables, compiled probe rounds, bulk loads."""
 
 from __future__ import annotations
 
@@ -6,96 +7,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from de_store.tables import HashTable, MutableTable
+from de_store.tables import HashTable
+from de_store.testing.table_suite import TableCoreTests, content, rows
 from de_store.testing.tables import with_unordered_scatters
 
-CORES = {
-    "hash": lambda **kw: HashTable(tf.int64, tf.float32, 3, name="emb/user", **kw),
-    "mutable": lambda **kw: MutableTable(tf.int64, tf.float32, 3, name="emb/user", **kw),
-    # the kernels of a table on a GPU (unordered scatters), run here on the CPU
-    "hash_unordered": lambda **kw: with_unordered_scatters(
-        HashTable(tf.int64, tf.float32, 3, name="emb/user", **kw)
-    ),
-}
+
+class TestHashTable(TableCoreTests):
+    def make_table(self, key_dtype, value_dtype, dim, name):
+        return HashTable(key_dtype, value_dtype, dim, name=name)
 
 
-@pytest.fixture(params=sorted(CORES))
-def table(request):
-    return CORES[request.param]()
+class TestHashTableUnorderedScatters(TableCoreTests):
+    """The kernels of a table on a GPU (unordered scatters), run here on the CPU."""
 
-
-def _rows(n, start=0.0):
-    return tf.reshape(tf.range(start, start + 3 * n, dtype=tf.float32), [n, 3])
-
-
-def _content(table):
-    keys, values = table.export_all()
-    return dict(zip(keys.numpy().tolist(), map(tuple, values.numpy().tolist()), strict=True))
-
-
-def test_lookup_defaults_and_exists(table):
-    table.insert(tf.constant([7, 8], tf.int64), _rows(2))
-    values, exists = table.lookup(tf.constant([8, 9], tf.int64), default_value=[1.0, 2.0, 3.0])
-    np.testing.assert_array_equal(values.numpy(), [[3, 4, 5], [1, 2, 3]])
-    assert exists.numpy().tolist() == [True, False]
-
-
-def test_insert_keeps_last_and_accum_sums_duplicates(table):
-    keys = tf.constant([5, 5, 6], tf.int64)
-    table.insert(keys, _rows(3))
-    assert _content(table) == {5: (3, 4, 5), 6: (6, 7, 8)}
-    table.accum(tf.constant([5, 5, 9], tf.int64), tf.ones([3, 3]))
-    table.accum(tf.constant([10], tf.int64), tf.ones([1, 3]), insert_missing=False)
-    assert _content(table) == {5: (5, 6, 7), 6: (6, 7, 8), 9: (1, 1, 1)}
-
-
-def test_export_batches_are_a_snapshot(table):
-    table.insert(tf.range(10, dtype=tf.int64), _rows(10))
-    batches = table.export(4)
-    table.clear()
-    sizes = [int(k.shape[0]) for k, _ in batches]
-    assert sizes == [4, 4, 2]
-    assert int(table.size()) == 0
-
-
-def test_import_batches_round_trips(table):
-    table.insert(tf.range(20, dtype=tf.int64), _rows(20))
-    other = HashTable(tf.int64, tf.float32, 3)
-    other.import_batches(table.export(6))
-    assert _content(other) == _content(table)
-
-
-def test_works_inside_tf_function(table):
-    @tf.function
-    def step(keys, rows):
-        table.insert(keys, rows)
-        table.accum(keys, rows)
-        table.remove(keys[:1])
-        return table.lookup(keys)
-
-    keys = tf.constant([1, 2, 3], tf.int64)
-    values, exists = step(keys, _rows(3))
-    assert exists.numpy().tolist() == [False, True, True]
-    np.testing.assert_array_equal(values.numpy()[1], [6, 8, 10])
-
-
-@pytest.mark.parametrize(
-    ("keys", "values", "error", "words"),
-    [
-        ([1, 2], tf.ones([2, 3], tf.float64), TypeError, ["float32", "float64"]),
-        (tf.constant([1], tf.int32), np.ones([1, 3], np.float32), TypeError, ["int64", "int32"]),
-        ([1, 2], np.ones([2, 4], np.float32), ValueError, ["[n, 3]", "(2, 4)"]),
-        ([1, 2], np.ones([3, 3], np.float32), ValueError, ["(2)", "3"]),
-    ],
-)
-def test_bad_input_names_the_table_and_leaves_it_unchanged(table, keys, values, error, words):
-    table.insert(tf.constant([1], tf.int64), _rows(1))
-    before = _content(table)
-    with pytest.raises(error) as raised:
-        table.insert(tf.constant(keys, tf.int64) if isinstance(keys, list) else keys, values)
-    for word in ["emb/user", *words]:
-        assert word in str(raised.value)
-    assert _content(table) == before
+    def make_table(self, key_dtype, value_dtype, dim, name):
+        return with_unordered_scatters(HashTable(key_dtype, value_dtype, dim, name=name))
 
 
 def test_dynamic_length_mismatch_fails_before_any_change():
@@ -119,7 +45,7 @@ def test_checkpoint_restores_into_a_table_of_another_capacity(tmp_path):
     assert small.capacity() < big.capacity()
     tf.train.Checkpoint(table=small).read(path).assert_consumed()
     assert small.capacity() == big.capacity()
-    assert _content(small) == _content(big)
+    assert content(small) == content(big)
     small.insert(tf.constant([1], tf.int64), tf.ones([1, 2], tf.float16))  # still usable
     assert int(small.size()) == int(big.size()) + 1
 
@@ -133,21 +59,21 @@ def test_variables_live_on_the_creation_device():
 
 def test_tables_of_one_config_share_kernels_not_contents():
     first = HashTable(tf.int64, tf.float32, 3, name="first")
-    first.insert(tf.constant([1, 2], tf.int64), _rows(2))
+    first.insert(tf.constant([1, 2], tf.int64), rows(2))
     second = HashTable(tf.int64, tf.float32, 3, name="second")
-    second.insert(tf.constant([3], tf.int64), _rows(1, 10.0))
+    second.insert(tf.constant([3], tf.int64), rows(1, 10.0))
     del first
     third = HashTable(tf.int64, tf.float32, 3, name="third")
 
     @tf.function
     def grow_both(keys):
-        third.insert(keys, _rows(40))
+        third.insert(keys, rows(40))
         second.remove(keys[:1])
 
     grow_both(tf.range(3, 43, dtype=tf.int64))
-    assert _content(second) == {}
-    assert sorted(_content(third)) == list(range(3, 43))
-    third.insert(tf.constant([99], tf.int64), _rows(1))  # eager again, after the trace
+    assert content(second) == {}
+    assert sorted(content(third)) == list(range(3, 43))
+    third.insert(tf.constant([99], tf.int64), rows(1))  # eager again, after the trace
     with tf.GradientTape():  # a taped eager call must not reach the deleted table
         _, exists = third.lookup(tf.constant([99, 1], tf.int64))
     assert exists.numpy().tolist() == [True, False]
@@ -305,19 +231,6 @@ def test_a_batch_of_mostly_new_keys_keeps_its_rows_dense(size, op):
     assert sorted(live_rows[live_rows >= 0].tolist()) == list(range(len(model)))
 
 
-def test_load_distinct_gives_what_insert_gives(table):
-    table.insert(tf.constant([1, 2], tf.int64), _rows(2))
-    table.remove(tf.constant([2], tf.int64))  # a freed row to reuse
-    table.load_distinct(tf.constant([5, 2, 9], tf.int64), _rows(3, start=100.0))
-    assert _content(table) == {
-        1: (0.0, 1.0, 2.0),
-        5: (100.0, 101.0, 102.0),
-        2: (103.0, 104.0, 105.0),
-        9: (106.0, 107.0, 108.0),
-    }
-    assert int(table.size()) == 4
-
-
 @pytest.mark.parametrize("scatters", ["serial", "unordered"])
 def test_load_distinct_bulk_loads_big_batches_with_growth(scatters):
     table = HashTable(tf.int64, tf.float32, 2, name="bulk_load")
@@ -348,7 +261,7 @@ def test_load_distinct_refuses_repeated_or_present_keys_and_clears(keys):
     from de_store.errors import RepeatedKeysError
 
     table = HashTable(tf.int64, tf.float32, 3, name="emb/restore")
-    table.insert(tf.constant([7], tf.int64), _rows(1))
+    table.insert(tf.constant([7], tf.int64), rows(1))
     batch = tf.constant(keys, tf.int64)
     repeated = len(keys) - len(set(keys)) + (7 in keys)
     with pytest.raises(
@@ -356,9 +269,9 @@ def test_load_distinct_refuses_repeated_or_present_keys_and_clears(keys):
         match=rf"table 'emb/restore': load_distinct expects keys absent from the table and "
         rf"distinct; {repeated} keys were present already or repeated \(the table was cleared\)",
     ):
-        table.load_distinct(batch, _rows(len(keys)))
+        table.load_distinct(batch, rows(len(keys)))
     assert int(table.size()) == 0
-    table.insert(batch, _rows(len(keys)))  # usable again
+    table.insert(batch, rows(len(keys)))  # usable again
     assert int(table.size()) == len(set(keys))
 
 
@@ -375,4 +288,4 @@ def test_clear_returns_index_and_row_store_to_their_initial_sizes():
     assert not exists.numpy().any()
     table.clear()  # already empty and at the initial sizes: nothing to do
     table.insert(keys[:3], np.full([3, 2], 7.0, np.float32))
-    assert _content(table) == {0: (7.0, 7.0), 1: (7.0, 7.0), 2: (7.0, 7.0)}
+    assert content(table) == {0: (7.0, 7.0), 1: (7.0, 7.0), 2: (7.0, 7.0)}
