@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import de_store as ds
@@ -48,14 +47,32 @@ def run_threads(*work: Callable[[], None]) -> None:
         raise errors[0]
 
 
-def variable(name: str, key_dtype: tf.DType = tf.int64, shards: int = 2) -> ds.Variable:
-    return ds.Variable(name, key_dtype, tf.float32, dim=3, devices=CPUS[:shards])
+def variable(name: str, shards: int = 2) -> ds.Variable:
+    return ds.Variable(name, tf.int64, tf.float32, dim=3, devices=CPUS[:shards])
 
 
-def as_keys(numbers: np.ndarray, key_dtype: tf.DType) -> tf.Tensor:
-    if key_dtype == tf.string:
-        return tf.constant([str(n).encode() for n in numbers])
-    return tf.constant(numbers, key_dtype)
+def half_new(round_: int) -> np.ndarray:
+    """The keys of round ``round_``: half of them new, half from the round before."""
+    return np.arange(BATCH, dtype=np.int64) + round_ * BATCH // 2
+
+
+def sums_of_ones(rounds: int, adds: int) -> dict:
+    """The contents after ``adds`` accumulations of ones into every round's keys."""
+    counts = np.zeros((rounds + 1) * BATCH // 2)
+    for round_ in range(rounds):
+        counts[half_new(round_)] += adds
+    return {n: (c, c, c) for n, c in enumerate(counts.tolist())}
+
+
+def row_of(numbers: np.ndarray) -> np.ndarray:
+    """The row upserted for each key: a function of the key only."""
+    return np.stack([numbers % 997, numbers % 13, np.ones(len(numbers))], 1).astype(np.float32)
+
+
+def rows_by_key(numbers: np.ndarray) -> dict:
+    """The contents after upserting ``numbers`` with :func:`row_of`."""
+    written = np.unique(numbers)
+    return dict(zip(written.tolist(), map(tuple, row_of(written).tolist()), strict=True))
 
 
 def contents(var: ds.Variable) -> dict:
@@ -64,49 +81,36 @@ def contents(var: ds.Variable) -> dict:
     return {k: tuple(v) for k, v in rows}
 
 
-def key_of(number: int, key_dtype: tf.DType) -> object:
-    return str(number).encode() if key_dtype == tf.string else number
-
-
-@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string], ids=["HashTable", "MutableTable"])
-def test_threads_upserting_one_variable_end_with_every_last_write(key_dtype) -> None:
-    """Each thread grows the variable with its own keys, half of them rewritten by its
-    next round; the tables grow while the threads race."""
-    var, threads, rounds = variable("threads_upsert", key_dtype), 3, 3
-    expected: dict = {}
-
-    def keys_of(thread: int, round_: int) -> np.ndarray:
-        return (np.arange(BATCH) + round_ * BATCH // 2) * threads + thread
+def test_threads_upserting_one_variable_end_with_every_key_written() -> None:
+    """Threads upsert random keys from one range (repeats within and across batches) while
+    the table grows; a key's row depends on the key only."""
+    var, threads, rounds = variable("threads_upsert", shards=1), 2, 10
+    draws = np.random.default_rng(7).integers(0, 100_000, [threads, rounds, BATCH])
 
     def upsert(thread: int) -> Callable[[], None]:
         def run() -> None:
             for round_ in range(rounds):
-                numbers = keys_of(thread, round_)
-                values = np.stack([numbers % 997, np.full(BATCH, thread), np.full(BATCH, round_)])
-                var.upsert(as_keys(numbers, key_dtype), values.T.astype(np.float32))
+                var.upsert(draws[thread, round_], row_of(draws[thread, round_]))
 
         return run
 
     run_threads(*(upsert(t) for t in range(threads)))
-    for thread in range(threads):
-        for round_ in range(rounds):
-            for number in keys_of(thread, round_).tolist():
-                expected[key_of(number, key_dtype)] = (number % 997, thread, round_)
+    expected = rows_by_key(draws)
     assert int(var.size()) == len(expected)
     assert contents(var) == expected
 
 
 def test_threads_accumulating_into_the_same_keys_lose_no_update() -> None:
-    var, threads, rounds = variable("threads_accum"), 4, 5
-    numbers = np.arange(BATCH, dtype=np.int64) * 7
+    """Every round the threads add to the same keys, half of them new (inserted by the
+    accumulation itself, racing for the same slots)."""
+    var, threads, rounds = variable("threads_accum"), 3, 8
 
     def accum() -> None:
-        for _ in range(rounds):
-            var.accum(numbers, np.ones([BATCH, 3], np.float32))
+        for round_ in range(rounds):
+            var.accum(half_new(round_), np.ones([BATCH, 3], np.float32))
 
     run_threads(*[accum] * threads)
-    total = float(threads * rounds)
-    assert contents(var) == {n: (total, total, total) for n in numbers.tolist()}
+    assert contents(var) == sums_of_ones(rounds, threads)
 
 
 def test_readers_see_whole_batches_while_writers_upsert_and_remove() -> None:
@@ -119,28 +123,38 @@ def test_readers_see_whole_batches_while_writers_upsert_and_remove() -> None:
     def batch(index: int) -> np.ndarray:
         return np.arange(BATCH, dtype=np.int64) + index * BATCH
 
+    written = [0]  # batches upserted so far; the odd ones are never removed
+
     def write() -> None:
         for index in range(batches):
             var.upsert(batch(index), np.full([BATCH, 3], index, np.float32))
+            written[0] = index + 1
             if index % 2:
                 var.remove(batch(index - 1))
         finished.set()
 
+    def kept(keys: np.ndarray, before: int) -> np.ndarray:
+        """Which of ``keys`` belong to batches never removed, upserted before ``before``."""
+        return ((keys // BATCH) % 2 == 1) & (keys // BATCH < before)
+
     def read() -> None:
         probe = np.arange(0, batches * BATCH, 97, dtype=np.int64)
         while not finished.is_set():
+            before = written[0]
             keys, values = (t.numpy() for t in var.export())
             assert len(keys) % BATCH == 0 and len(np.unique(keys)) == len(keys)
             assert np.all(values == (keys // BATCH)[:, None])
+            assert np.sum(kept(keys, before)) == BATCH * (before // 2)
             found, exists = (t.numpy() for t in var.lookup(probe, return_exists=True))
+            assert np.all(exists[kept(probe, before)])
             assert np.all(found[exists] == (probe[exists] // BATCH)[:, None])
             assert np.all(found[~exists] == 0)
             seen.append((int(var.size()), len(keys)))
 
     run_threads(write, read, read)
     assert all(size % BATCH == 0 for size, _ in seen), seen
-    kept = np.concatenate([batch(i) for i in range(1, batches, 2)])
-    assert contents(var) == {k: (k // BATCH,) * 3 for k in kept.tolist()}
+    held = np.concatenate([batch(i) for i in range(1, batches, 2)])
+    assert contents(var) == {k: (k // BATCH,) * 3 for k in held.tolist()}
 
 
 def test_exports_and_clears_race_with_upserts_without_mixing_them() -> None:
@@ -211,56 +225,54 @@ def test_a_mutable_table_accumulates_and_removes_atomically_from_threads() -> No
 
 
 def test_concurrent_tf_functions_using_two_variables_in_opposite_orders() -> None:
-    """Two train steps run at once from threads, each over both variables, in opposite
-    orders: no deadlock, no lost update."""
+    """Train steps run at once from threads, each over both variables, in opposite
+    orders, each call adding to keys half of which are new: no deadlock, no lost update."""
     first, second = variable("steps_first"), variable("steps_second")
-    numbers = tf.range(BATCH, dtype=tf.int64) * 3
-    ones = tf.ones([BATCH, 3])
+    calls = 6
 
-    def step_over(one: ds.Variable, other: ds.Variable) -> Callable[[], tf.Tensor]:
-        @tf.function
-        def step() -> tf.Tensor:
-            rows = one.lookup(numbers)
-            one.accum(numbers, ones)
-            other.accum(numbers, ones + 0 * rows)  # waits for the lookup of ``one``
+    def step_over(one: ds.Variable, other: ds.Variable) -> Callable[[tf.Tensor], tf.Tensor]:
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+        def step(keys: tf.Tensor) -> tf.Tensor:
+            ones = tf.ones([tf.size(keys), 3])
+            rows = one.lookup(keys)
+            one.accum(keys, ones)
+            other.accum(keys, ones + 0 * rows)  # waits for the lookup of ``one``
             return other.size()
 
         return step
 
-    forward, backward = step_over(first, second), step_over(second, first)
-
-    def repeat(step: Callable[[], tf.Tensor]) -> Callable[[], None]:
+    def repeat(step: Callable[[tf.Tensor], tf.Tensor]) -> Callable[[], None]:
         def run() -> None:
-            for _ in range(6):
-                assert int(step()) == BATCH
+            for call in range(calls):
+                step(tf.constant(half_new(call)))
 
         return run
 
-    forward(), backward()  # traced before the threads start
+    forward, backward = step_over(first, second), step_over(second, first)
     run_threads(repeat(forward), repeat(backward), repeat(forward))
-    expected = {n: (20.0,) * 3 for n in numbers.numpy().tolist()}  # 1 + 1 + 6 * 3 each
+    expected = sums_of_ones(calls, 3)
     assert contents(first) == expected and contents(second) == expected
 
 
 def test_a_tf_function_and_eager_calls_share_a_table() -> None:
-    var = variable("steps_and_eager", shards=1)
-    numbers = np.arange(BATCH, dtype=np.int64)
+    var, rounds = variable("steps_and_eager", shards=1), 10
+    draws = np.random.default_rng(8).integers(0, 100_000, [2, rounds, BATCH])
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
     def step(keys: tf.Tensor) -> None:
-        var.accum(keys, tf.ones([tf.size(keys), 3]))
+        var.upsert(keys, tf.numpy_function(row_of, [keys], tf.float32, stateful=False))
 
     def graph_steps() -> None:
-        for start in range(0, 4 * BATCH, BATCH):
-            step(tf.constant(numbers + start))
+        for keys in draws[0]:
+            step(tf.constant(keys))
 
     def eager_steps() -> None:
-        for start in range(0, 4 * BATCH, BATCH):
-            var.accum(numbers + start, np.ones([BATCH, 3], np.float32))
-            var.remove(numbers[:10] + start + 10**9)
+        for keys in draws[1]:
+            var.upsert(keys, row_of(keys))
+            var.remove(keys[:10] + 10**9)
 
     run_threads(graph_steps, eager_steps)
-    assert contents(var) == {n: (2.0,) * 3 for n in range(4 * BATCH)}
+    assert contents(var) == rows_by_key(draws)
 
 
 def test_restoring_while_a_thread_upserts_neither_aborts_nor_mixes_rows(tmp_path: Path) -> None:

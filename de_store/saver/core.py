@@ -532,17 +532,20 @@ def _apply_chain(
             _refuse_repeated(variable, folder, found)
     first = [rows for _, rows in links[0][0]]
     reserve = sum(batch.rows for rows, _ in links for _, batch in rows)
-    try:
-        apply_rows(variable, entries[0].columns, first, reserve)
-        repeated = int(variable.size()) != sum(batch.rows for batch in first)
-    except RepeatedKeysError:
-        repeated = True
-    if repeated:
-        variable.clear()
-        found = repeated_key((path, r.keys) for path, r in links[0][0])
-        _refuse_repeated(variable, folders[0], found, " (the variable was emptied)")
-    for entry, (rows, removed) in zip(entries[1:], links[1:], strict=True):
-        apply_delta(variable, entry.columns, [r for _, r in rows], [r for _, r in removed])
+    # Eager calls from other threads (a training loop) wait: the size check below and the
+    # chain see this restore's rows only, and the restore is one step to them.
+    with variable.exclusive():
+        try:
+            apply_rows(variable, entries[0].columns, first, reserve)
+            repeated = int(variable.size()) != sum(batch.rows for batch in first)
+        except RepeatedKeysError:
+            repeated = True
+        if repeated:
+            variable.clear()
+            found = repeated_key((path, r.keys) for path, r in links[0][0])
+            _refuse_repeated(variable, folders[0], found, " (the variable was emptied)")
+        for entry, (rows, removed) in zip(entries[1:], links[1:], strict=True):
+            apply_delta(variable, entry.columns, [r for _, r in rows], [r for _, r in removed])
 
 
 def _refuse_repeated(variable: Any, folder: str, found: Problem | None, emptied: str = "") -> None:

@@ -22,6 +22,12 @@ class TableCore(tf.Module, abc.ABC):
     value_dtype: the dtype of values.
     dim: the width of each value row, ``>= 1``.
     name: used in every error message about this table.
+
+    Threads: every method must be safe under concurrent calls from any number of Python
+    threads and from concurrently running ``tf.function`` s, and each call atomic (a
+    reader sees a row either before or after a concurrent write; sizes move by whole
+    calls). A Python lock alone covers eager calls only: the cores here take a TensorFlow
+    mutex resource in every operation (``de_store.tables._locking``).
     """
 
     key_dtype: tf.DType

@@ -58,8 +58,18 @@ left (two in a thousand of the keys inserted first, a third of those inserted la
 compiles once per index capacity and batch size class (4 to 8 classes per power of two).
 
 The kernels are ``tf.function`` s shared by every table of one configuration (dtype, dim,
-sizing), traced once and given the variables' resource handles; inside a caller's
-``tf.function`` the same code is inlined into the caller's graph.
+sizing), traced once and given the variables' resource handles and the table's mutex;
+inside a caller's ``tf.function`` they are called as functions too.
+
+Threads
+-------
+Every kernel takes the table's mutex (a ``MutexV2`` resource, :mod:`._locking`) after its
+inputs are ready, and releases it after its last op, growth included: calls from any
+number of Python threads and from concurrently running ``tf.function`` s run one at a
+time on one table, each whole. A lookup or export sees a row before or after a
+concurrent write, never half of it, and sizes move by whole calls. The lock ops have
+``DEFAULT`` kernels, so a table on a GPU stays on it; on one thread the lock costs at
+most a few percent of a batch (``benchmarks/table_bench.py``, ``lock``).
 """
 
 from __future__ import annotations
@@ -104,6 +114,11 @@ class HashTable(TableCore):
 
     The variables live on the device in scope when the table is created, and every
     operation runs there.
+
+    Every method is safe to call from any number of threads and from ``tf.function`` s
+    running at the same time: each operation holds the table's mutex while its ops run
+    (see *Threads* in the module docstring), so it is atomic. The mutex is not
+    reentrant and no operation calls another while holding it.
     """
 
     def __init__(
