@@ -17,8 +17,14 @@ virtual machine, memory the guest has not touched since boot (or since the host 
 back) costs about 2.4 s per GB on first touch and 0.3 s per GB after, so the first table
 measured in a process pays more for the same buffers. Each round's figures are printed.
 ``train_step`` times a training-style step (lookup of a batch of present keys, then accum
-of deltas for them) on a pre-sized table with change tracking on and off. The last stdout
-line is one JSON object with every figure.
+of deltas for them) on a pre-sized table with change tracking on and off. ``lock`` is
+what the table's mutex costs a single thread (every kernel takes it, so that concurrent
+calls are atomic): the inserts into a pre-sized table and the lookups, timed batch by
+batch in turn on a table with the mutex and one whose kernels are built without it
+(``without_lock``), best of ``--rounds``; ``*_cost_pct`` is how much longer the locked
+table took, and ``call_us_*`` the microseconds of one eager ``size()`` call (a kernel
+that only locks and reads a scalar). The last stdout line is one JSON object with every
+figure.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from de_store.tables import HashTable
+from de_store.testing.tables import without_lock
 
 
 def _timed(
@@ -163,6 +170,53 @@ def _train_step(keys: np.ndarray, values: np.ndarray, batch: int) -> dict[str, f
     return result
 
 
+def _lock_cost(batches: _Batches, rounds: int) -> dict[str, float]:
+    """Inserts and lookups of two pre-sized tables, one with its mutex and one without,
+    batch by batch in turn (so that a slower spell of the machine hits both), after one
+    untimed pass that traces and compiles every kernel; the best of ``rounds`` passes.
+    ``call_us`` is one eager ``size()`` call: a kernel that locks and reads a scalar."""
+    tables = {
+        "locked": HashTable(
+            tf.int64, tf.float32, batches.dim, name="lock", init_size=batches.count
+        ),
+        "unlocked": without_lock(
+            HashTable(tf.int64, tf.float32, batches.dim, name="lock", init_size=batches.count)
+        ),
+    }
+    best: dict[str, float] = {}
+    for round_ in range(rounds + 1):  # round 0 warms up
+        seconds: dict[str, float] = dict.fromkeys(
+            [f"{op}_{kind}" for op in ("insert", "lookup", "call_us") for kind in tables], 0.0
+        )
+        for table in tables.values():
+            table.clear()
+        for op in ("insert", "lookup"):
+            for keys in batches.keys:
+                for kind, table in tables.items():
+                    call = table.insert if op == "insert" else table.lookup
+                    args = (keys, batches.values_for(keys)) if op == "insert" else (keys,)
+                    start = time.perf_counter()
+                    _wait(call(*args))
+                    seconds[f"{op}_{kind}"] += time.perf_counter() - start
+        for _ in range(10):
+            for kind, table in tables.items():
+                start = time.perf_counter()
+                for _ in range(100):
+                    table.size()
+                seconds[f"call_us_{kind}"] += (time.perf_counter() - start) / 1000 * 1e6
+        if round_:
+            for key, value in seconds.items():
+                best[key] = min(best.get(key, value), value)
+    result = {}
+    for op in ("insert", "lookup"):
+        for kind in tables:
+            result[f"{op}_{kind}"] = batches.count / best[f"{op}_{kind}"]
+        result[f"{op}_cost_pct"] = 100 * (best[f"{op}_locked"] / best[f"{op}_unlocked"] - 1)
+    for kind in tables:
+        result[f"call_us_{kind}"] = best[f"call_us_{kind}"]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -195,6 +249,8 @@ def main() -> None:
             best = report.setdefault(kind, result)
             assert isinstance(best, dict)
             report[kind] = {k: max(best[k], v) for k, v in result.items()}
+    report["lock"] = _lock_cost(batches, args.rounds)
+    print("lock", {k: round(v, 2) for k, v in report["lock"].items()}, flush=True)
     report["train_step"] = _train_step(keys, values, args.batch)
     print("train_step", {k: f"{v / 1e6:.2f}M" for k, v in report["train_step"].items()}, flush=True)
     raw = args.keys * (8 + 4 * args.dim)
