@@ -10,8 +10,9 @@ TensorFlow keeps in host memory next to the (GPU-capable) ``Assert`` kernel.
 the XLA-compiled functions (the first probe rounds of a big batch, and the race of an
 insert's or a bulk load's keys for the empty slots those rounds found) are checked against
 the plain GPU kernels too, which XLA's GPU backend covers. Inside a
-``tf.function`` the table inlines the same kernel code its eager calls run as shared
-functions, so tracing one graph covers both. The table is traced with the kernels it
+``tf.function`` the table calls the same shared kernel functions its eager calls run
+(each holding the table's mutex: ``MutexLock`` and ``ConsumeMutexLock`` have ``DEFAULT``
+kernels), so tracing one graph covers both. The table is traced with the kernels it
 would run on a GPU (unordered scatters: claim races confirmed with extra writes); on a
 CPU it skips those extra steps, and runs a subset of the same ops.
 """
