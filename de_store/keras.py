@@ -3,6 +3,9 @@
 Train it with a de_store optimizer (``de_store.optimizers.Adam`` ...), in ``model.fit`` or a
 custom ``tf.GradientTape`` loop: the layer exposes the batch rows of its lookups as a
 trainable weight and the optimizer writes their update back to the tables.
+
+Importing this module also lets ``tf.train.Checkpoint`` save Keras models asynchronously
+more than once (see :func:`_copy_keras_variable_to_cpu`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src.backend.tensorflow.core import Variable as _KerasVariable
 
 from de_store.embedding import embedding_lookup, trainable_wrapper
 from de_store.partition import Partitioner, default_partition_fn
@@ -64,6 +68,9 @@ class Embedding(keras.layers.Layer):
         self._wrapper = trainable_wrapper(self.params, self.name)
         rows = self._wrapper.rows
         rows.regularizer = None  # Keras reads it on every weight  # type: ignore[attr-defined]
+        # A call writes the batch's rows, ids and flags: tracked here, a SavedModel of a
+        # model that calls the layer keeps them (it refuses functions using untracked ones)
+        self._batch = [rows, self._wrapper.ids, self._wrapper.existed]
 
     def call(self, ids: Any) -> tf.Tensor:
         return embedding_lookup(self.params, ids, name=self.name)
@@ -78,3 +85,20 @@ class Embedding(keras.layers.Layer):
     @property
     def variables(self) -> list[Any]:
         return [*super().variables, self._wrapper.rows]
+
+
+def _copy_keras_variable_to_cpu(self: Any, object_map: dict[Any, Any]) -> None:
+    """Map a Keras variable to the host copy TensorFlow made of the variable it wraps.
+
+    ``CheckpointOptions(enable_async=True)`` copies every variable at each save, from the
+    second save on inside a ``tf.function``. The method of Keras' TensorFlow-backend
+    ``Variable`` creates a new ``tf.Variable`` at every call, which a ``tf.function``
+    refuses ("only supports singleton tf.Variables"), so the second async save of any Keras
+    model would fail. The copy of the wrapped variable holds the same value and serialises
+    the same tensors.
+    """
+    self.value._copy_trackable_to_cpu(object_map)
+    object_map[self] = object_map[self.value]
+
+
+_KerasVariable._copy_trackable_to_cpu = _copy_keras_variable_to_cpu  # type: ignore[method-assign]

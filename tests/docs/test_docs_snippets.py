@@ -3,8 +3,9 @@
 The blocks must not make TensorFlow warn about retracing a ``tf.function``.
 
 The blocks of one file run in order in one fresh process (one ``import tensorflow`` per
-file), each in its own namespace, from a temporary working directory. Blocks that are not
-meant to run carry another tag (```bash, ```text, ```py).
+file), each in its own namespace, from a temporary working directory; a block whose first
+line is ``# in a new process`` and the blocks after it run in a second process, in the same
+directory. Blocks that are not meant to run carry another tag (```bash, ```text, ```py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 
+_NEW_PROCESS = "# in a new process\n"
 _RUNNER = """
 import sys
-for index, block in enumerate(BLOCKS):
+for index, block in enumerate(BLOCKS, FIRST):
     try:
         exec(compile(block, f"{PAGE} block {index + 1}", "exec"), {"__name__": "__main__"})
     except Exception:
@@ -37,12 +39,25 @@ def python_blocks(page: Path) -> list[str]:
 
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
 def test_python_snippets_run(page: Path, tmp_path: Path) -> None:
-    blocks = python_blocks(page)
-    result = run_python(f"PAGE = {page.name!r}\nBLOCKS = {blocks!r}\n{_RUNNER}", tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    # TensorFlow logs this through Python's logging whatever TF_CPP_MIN_LOG_LEVEL says
-    retraced = [line for line in result.stderr.splitlines() if "triggered tf.function" in line]
-    assert retraced == [], retraced
+    for first, blocks in processes(python_blocks(page)):
+        script = f"PAGE = {page.name!r}\nFIRST = {first}\nBLOCKS = {blocks!r}\n{_RUNNER}"
+        result = run_python(script, tmp_path)
+        assert result.returncode == 0, result.stderr[-4000:]
+        # TensorFlow logs this through Python's logging whatever TF_CPP_MIN_LOG_LEVEL says
+        retraced = [line for line in result.stderr.splitlines() if "triggered tf.function" in line]
+        assert retraced == [], retraced
+
+
+def processes(blocks: list[str]) -> list[tuple[int, list[str]]]:
+    """The blocks split where one starts with ``# in a new process``: (index of the
+    first block, blocks) for each process."""
+    starts = [0] + [i for i, b in enumerate(blocks) if i and b.startswith(_NEW_PROCESS)]
+    return [(s, blocks[s:e]) for s, e in zip(starts, [*starts[1:], len(blocks)], strict=True)]
+
+
+def test_keras_page_restores_in_a_second_process() -> None:
+    blocks = python_blocks(ROOT / "docs" / "keras.md")
+    assert [first for first, _ in processes(blocks)] == [0, 1]
 
 
 def test_readme_shard_snippet_reads_the_demo_checkpoint(tmp_path: Path) -> None:
