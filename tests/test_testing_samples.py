@@ -12,7 +12,11 @@ import pytest
 from de_store.formats import batch_to_numpy, tfra
 from de_store.testing.tfra_sample import tfra_sample
 
-REAL = pathlib.Path("/work/shared/interop/tfra-0.8.1/basic/TFRADynamicEmbedding")
+# files TFRA 0.8.1 wrote, in the shared/ folder beside the checkout
+REAL = pathlib.Path(__file__).resolve().parents[2] / "shared" / "interop" / "tfra-0.8.1"
+if not REAL.is_dir():
+    REAL = pathlib.Path("/work/shared/interop/tfra-0.8.1")
+REAL = REAL / "basic" / "TFRADynamicEmbedding"
 
 
 def test_files_are_named_as_tfra_names_them(tmp_path: pathlib.Path) -> None:
