@@ -19,6 +19,8 @@ import tensorflow as tf
 
 from de_store.errors import VariableError
 from de_store.partition import Partitioner, default_partition_fn, split_by_shard, stitch_shards
+from de_store.saver import tf_hook  # registers the TF checkpoint saver of Variables
+from de_store.saver.variable_rows import ChangeBase
 
 if TYPE_CHECKING:  # importing de_store.tables creates TF constants, which fixes the devices
     from de_store.tables.base import TableCore
@@ -92,7 +94,7 @@ class Variable(tf.Module):
     snapshot). Inside a running graph only the table mutexes apply.
     """
 
-    change_base: Any
+    change_base: ChangeBase | None
 
     def __init__(
         self,
@@ -442,9 +444,11 @@ class Variable(tf.Module):
 
     @tf.autograph.experimental.do_not_convert
     def _copy_trackable_to_cpu(self, object_map: Any) -> None:
-        from de_store.saver import tf_hook
-
         tf_hook.copy_to_cpu(self, object_map)
+
+
+# tf.train.Checkpoint saves the Variables that have a FileSystemSaver through tf_hook.
+tf_hook.CheckpointedVariable.register(Variable)
 
 
 class _Initializer:
@@ -590,8 +594,3 @@ def _check_same(existing: Variable, key_dtype: tf.DType, value_dtype: tf.DType, 
             f"variable '{existing.name}' exists with (key_dtype, value_dtype, dim) = {held}; "
             f"get_variable asked for {asked}"
         )
-
-
-# Registers the TF checkpoint saver before any Variable exists: tf.train.Checkpoint saves
-# Variables that have a FileSystemSaver through it. (Imported last: it imports this module.)
-from de_store.saver import tf_hook as _tf_hook  # noqa: E402, F401

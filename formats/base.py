@@ -26,88 +26,26 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
+from ._schema import FORMAT_VERSION, ExtraColumn, Key, SchemaInfo
+
 if TYPE_CHECKING:
     from de_store.backends import Backend
 
+__all__ = [
+    "DEFAULT_BUFFER_SIZE",
+    "FORMAT_VERSION",
+    "ByteRange",
+    "ExtraColumn",
+    "FileInfo",
+    "Key",
+    "PartInfo",
+    "SchemaInfo",
+    "ShardFormat",
+    "ShardInfo",
+]
+
 #: Rows per part on write and at most per batch on read, unless told otherwise.
 DEFAULT_BUFFER_SIZE = 65536
-#: Version of the layout and metadata de_store writes; stored in every shard's metadata.
-FORMAT_VERSION = 1
-
-Key = int | str | None
-
-
-@dataclasses.dataclass(frozen=True)
-class ExtraColumn:
-    """An extra column stored next to ``key`` and ``value`` (optimizer slot, status).
-
-    Attributes
-    ----------
-    name:
-        Column name, e.g. ``"adam_m"`` or ``"timestamp"``.
-    dtype:
-        Logical dtype name (see :data:`de_store.formats.batches.VALUE_DTYPES`).
-    width:
-        Values per row (a ``fixed_size_list`` column), or None for one scalar per row.
-    """
-
-    name: str
-    dtype: str
-    width: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class SchemaInfo:
-    """What a shard holds: the variable, its dim and dtypes, and its extra columns.
-
-    Attributes
-    ----------
-    name:
-        Variable name (stored in the shard's metadata).
-    dim:
-        Values per key.
-    key_dtype:
-        ``"int64"``, ``"int32"`` or ``"string"``.
-    value_dtype:
-        ``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float64"``, ``"int32"`` or ``"int64"``.
-    shard_id:
-        Index of this shard among the variable's shards (stored in the metadata).
-    extras:
-        Extra columns, in order, after ``key`` and ``value``.
-    """
-
-    name: str
-    dim: int
-    key_dtype: str = "int64"
-    value_dtype: str = "float32"
-    shard_id: int = 0
-    extras: tuple[ExtraColumn, ...] = ()
-
-    def __post_init__(self) -> None:
-        from .batches import check_schema_info
-
-        check_schema_info(self)
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """Column names in order."""
-        return ("key", "value", *(e.name for e in self.extras))
-
-    def arrow_schema(self) -> pa.Schema:
-        """The Arrow schema of the batches (bfloat16 stored as uint16, see ``batches``)."""
-        from .batches import arrow_schema
-
-        return arrow_schema(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SchemaInfo:
-        """Inverse of :meth:`to_dict`."""
-        extras = tuple(ExtraColumn(**e) for e in data.get("extras", ()))
-        return cls(**{**data, "extras": extras})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,15 +1,16 @@
-"""Record batches of keys, values and extra columns: schema, numpy conversion, checks.
+"""Record batches of keys, values and extra columns: numpy conversion, checks, splits.
 
 A batch has columns ``key`` (int64, int32 or string), ``value`` (``fixed_size_list`` of the
 value dtype, ``dim`` wide) and optional extra columns. bfloat16 has no Arrow type: it is
 stored as its raw 16-bit pattern (uint16) and the field's metadata records
 ``de_store.dtype = bfloat16``, so it comes back bit for bit as ``ml_dtypes.bfloat16``.
+The dtype tables and the Arrow schema come from :mod:`._schema`, re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -17,72 +18,33 @@ import pyarrow.compute as pc
 
 from de_store.errors import FormatError
 
-if TYPE_CHECKING:
-    from .base import Key, SchemaInfo
+from ._schema import (
+    DTYPE_KEY,
+    KEY_DTYPES,
+    VALUE_DTYPES,
+    Key,
+    SchemaInfo,
+    arrow_schema,
+    check_schema_info,
+    list_type,
+)
 
-#: Key dtype name -> Arrow type.
-KEY_DTYPES: dict[str, pa.DataType] = {
-    "int64": pa.int64(),
-    "int32": pa.int32(),
-    "string": pa.string(),
-}
-#: Value (and extra column) dtype name -> Arrow storage type.
-VALUE_DTYPES: dict[str, pa.DataType] = {
-    "float32": pa.float32(),
-    "float16": pa.float16(),
-    "bfloat16": pa.uint16(),
-    "float64": pa.float64(),
-    "int32": pa.int32(),
-    "int64": pa.int64(),
-    "int8": pa.int8(),
-    "uint8": pa.uint8(),
-}
-#: Field metadata key holding the logical dtype.
-DTYPE_KEY = b"de_store.dtype"
-
-
-def check_schema_info(info: SchemaInfo) -> None:
-    """Raise ValueError for an unknown dtype, a bad dim or clashing column names."""
-    if info.key_dtype not in KEY_DTYPES:
-        raise ValueError(
-            f"key_dtype {info.key_dtype!r} of {info.name!r} is not one of {list(KEY_DTYPES)}"
-        )
-    if info.dim < 1:
-        raise ValueError(f"dim of {info.name!r} must be >= 1, got {info.dim}")
-    for dtype in (info.value_dtype, *(e.dtype for e in info.extras)):
-        if dtype not in VALUE_DTYPES:
-            raise ValueError(f"dtype {dtype!r} in {info.name!r} is not one of {list(VALUE_DTYPES)}")
-    names = info.columns
-    if len(set(names)) != len(names):
-        raise ValueError(f"column names of {info.name!r} repeat: {names}")
-
-
-def list_type(storage: pa.DataType, width: int) -> pa.DataType:
-    """``fixed_size_list`` of non-null elements: Parquet then needs no definition levels."""
-    return pa.list_(pa.field("element", storage, nullable=False), width)
-
-
-def _field(name: str, dtype: str, width: int | None) -> pa.Field:
-    storage = VALUE_DTYPES.get(dtype) or KEY_DTYPES[dtype]
-    type_ = storage if width is None else list_type(storage, width)
-    return pa.field(name, type_, nullable=False, metadata={DTYPE_KEY: dtype.encode()})
-
-
-def arrow_schema(info: SchemaInfo) -> pa.Schema:
-    """The Arrow schema for ``info``, with de_store's metadata (name, dim, dtypes, ...)."""
-    from .base import FORMAT_VERSION
-
-    fields = [_field("key", info.key_dtype, None), _field("value", info.value_dtype, info.dim)]
-    fields += [_field(e.name, e.dtype, e.width) for e in info.extras]
-    metadata = {
-        "de_store.variable": info.name,
-        "de_store.dim": str(info.dim),
-        "de_store.key_dtype": info.key_dtype,
-        "de_store.value_dtype": info.value_dtype,
-        "de_store.shard_id": str(info.shard_id),
-        "de_store.format_version": str(FORMAT_VERSION),
-    }
-    return pa.schema(fields, metadata=metadata)
+__all__ = [
+    "DTYPE_KEY",
+    "KEY_DTYPES",
+    "VALUE_DTYPES",
+    "SchemaInfo",
+    "arrow_schema",
+    "batch_from_numpy",
+    "batch_to_numpy",
+    "check_schema_info",
+    "column_to_numpy",
+    "conform",
+    "key_range",
+    "list_type",
+    "select",
+    "split",
+]
 
 
 def _dtype_name(array: np.ndarray) -> str:

@@ -153,3 +153,17 @@ def test_the_rewriting_and_row_modules_are_in_no_import_circle() -> None:
         "de_store.saver.variable_rows",
     }
     assert [loop for loop in circles() if loop & mine] == []
+
+
+def test_no_module_of_de_store_is_in_an_import_circle() -> None:
+    """Every module, formats and backends included: a helper two modules share lives in a
+    lower module (``formats._schema``, ``tables._types``); ``variable`` registers its class
+    with ``saver.tf_hook`` instead of being imported by it."""
+    assert circles() == []
+
+
+def test_the_tf_hook_knows_variables_by_the_class_they_register() -> None:
+    from de_store.saver import tf_hook
+
+    assert isinstance(ds.Variable("hooked", dim=2), tf_hook.CheckpointedVariable)
+    assert not isinstance(tf.Variable(1.0), tf_hook.CheckpointedVariable)

@@ -46,6 +46,7 @@ from de_store.saver.manifest import (
     Manifest,
     RankManifest,
     ShardRecord,
+    TFCheckpointRef,
     VariableEntry,
     merge_rank_manifests,
     rank_manifest_from_json,
@@ -136,6 +137,7 @@ def save_checkpoint(
     metadata: dict[str, Any] | None = None,
     job_id: str | None = None,
     cancel: threading.Event | None = None,
+    tf_checkpoint: TFCheckpointRef | None = None,
 ) -> Manifest | None:
     """Write this rank's rows and, once all ranks have, commit the checkpoint ``name``.
 
@@ -144,6 +146,8 @@ def save_checkpoint(
     0 merges only the rank manifests of its attempt, never those an earlier (crashed)
     attempt of the same job left. ``cancel`` set stops the save before its commit with
     :class:`SaveInterruptedError` (checked before each shard file and before the commit).
+    ``tf_checkpoint``: the TF checkpoint this one is saved for, recorded in its manifest
+    apart from the user's ``metadata`` (the TF hook's saves).
 
     Returns the committed manifest: rank 0 always, other ranks when some rows were taken
     for incremental saves (``VariableRows.mark``; they read it after the commit).
@@ -167,7 +171,9 @@ def save_checkpoint(
         barrier.wait(f"shards-written-{strategy.save_id}", options.barrier_timeout_s)
         if topology.is_chief:
             _check_cancel(cancel, strategy.where)
-            committed = _merge_and_commit(strategy, topology, rank_manifest, metadata)
+            committed = _merge_and_commit(
+                strategy, topology, rank_manifest, metadata, tf_checkpoint
+            )
             events.committed(strategy.where, committed, start)
             return committed
     except BaseException as err:
@@ -266,6 +272,7 @@ def save_variables(
     metadata: dict[str, Any] | None = None,
     paths: Sequence[str] = (),
     cancel: threading.Event | None = None,
+    tf_checkpoint: TFCheckpointRef | None = None,
 ) -> Manifest | None:
     """:func:`save_checkpoint` with ``saver``'s topology and options, then each variable's
     change base: the new checkpoint once committed; none (the next save is full) if the
@@ -285,6 +292,7 @@ def save_variables(
             metadata=metadata,
             job_id=saver.job_id,
             cancel=cancel,
+            tf_checkpoint=tf_checkpoint,
         )
     except BaseException:
         for variable, saved in zip(variables, rows, strict=True):
@@ -370,13 +378,14 @@ def _merge_and_commit(
     topology: Topology,
     own: RankManifest,
     metadata: dict[str, Any] | None,
+    tf_checkpoint: TFCheckpointRef | None,
 ) -> Manifest:
     ranks = [own] + [
         _read_rank_manifest(strategy, topology, r) for r in range(1, topology.proc_size)
     ]
     work = strategy.backend.sub(strategy.work)
     strategy.retry.call(lambda: work.delete(BARRIER_DIR, recursive=True))  # all have arrived
-    manifest = merge_rank_manifests(ranks, metadata=metadata)
+    manifest = merge_rank_manifests(ranks, metadata=metadata, tf_checkpoint=tf_checkpoint)
     strategy.commit(manifest)
     return manifest
 

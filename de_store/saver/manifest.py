@@ -17,12 +17,10 @@ instead of failing on the unknown field.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from de_store.errors import CheckpointError
@@ -143,21 +141,6 @@ class TFCheckpointRef:
             )
 
 
-_RECORDING: contextvars.ContextVar[TFCheckpointRef | None] = contextvars.ContextVar(
-    "de_store_tf_checkpoint", default=None
-)
-
-
-@contextlib.contextmanager
-def recording(ref: TFCheckpointRef) -> Iterator[None]:
-    """Record ``ref`` in every manifest merged in this context (the TF hook's save)."""
-    token = _RECORDING.set(ref)
-    try:
-        yield
-    finally:
-        _RECORDING.reset(token)
-
-
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     """The merged manifest of a checkpoint.
@@ -214,11 +197,14 @@ def library_versions() -> dict[str, str]:
 
 
 def merge_rank_manifests(
-    ranks: Sequence[RankManifest], *, metadata: dict[str, Any] | None = None
+    ranks: Sequence[RankManifest],
+    *,
+    metadata: dict[str, Any] | None = None,
+    tf_checkpoint: TFCheckpointRef | None = None,
 ) -> Manifest:
     """Merge every rank's manifest into one; all ranks must agree on each variable and on
-    the parent checkpoint (a ``CheckpointError`` names the rank that does not). Inside
-    :func:`recording` the manifest records that context's TF checkpoint."""
+    the parent checkpoint (a ``CheckpointError`` names the rank that does not).
+    ``tf_checkpoint``: the TF checkpoint this one is saved for (the TF hook's saves)."""
     ordered = sorted(ranks, key=lambda m: m.rank)
     proc_size = ordered[0].proc_size
     parent = (ordered[0].parent, ordered[0].parent_created)
@@ -234,7 +220,6 @@ def merge_rank_manifests(
         for name, entry in rank_manifest.variables.items():
             merged[name] = _merge_entry(merged.get(name), entry, rank_manifest.rank)
     incremental = any(e.incremental for e in merged.values())
-    tf_checkpoint = _RECORDING.get()
     return Manifest(
         format_version=_version(incremental, tf_checkpoint),
         created=time.time(),

@@ -18,6 +18,7 @@ location (numbered prefixes, as ``Checkpoint.save`` and ``CheckpointManager`` ma
 
 from __future__ import annotations
 
+import abc
 import functools
 import posixpath
 import uuid
@@ -29,7 +30,7 @@ from tensorflow.python.ops import io_ops
 from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
-from de_store.saver import at_exit, binding, core, gc, incremental, manifest, tf_compat
+from de_store.saver import at_exit, binding, core, gc, incremental, tf_compat
 from de_store.saver.commit import read_manifest
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.rows import VariableRows, io_device_scope
@@ -40,6 +41,21 @@ _URL_TENSOR = "de_store_kv_url"
 #: The id of the TF save, also in the KV checkpoint's manifest (``tf_checkpoint``).
 _ID_TENSOR = "de_store_checkpoint_id"
 _RELATIVE = "relative:"
+
+
+class CheckpointedVariable(abc.ABC):
+    """What this saver handles: ``de_store.variable`` registers its ``Variable`` here
+    (``CheckpointedVariable.register``), so that this lower module never imports it."""
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """The variable's name in its KV checkpoint."""
+
+    @property
+    @abc.abstractmethod
+    def saver(self) -> FileSystemSaver | None:
+        """The saver of its tables; None: TF's own bundle holds them."""
 
 
 class VariableSnapshot(trackable_base.Trackable):
@@ -102,9 +118,7 @@ def _is_ours(obj: Any) -> bool:
     """Every Variable goes through the hook; those without a saver are skipped in it (their
     tables are TF-bundle children). Objects revived from a SavedModel fail this predicate and
     are skipped on restore: their tables come back from the SavedModel's own variables."""
-    from de_store.variable import Variable
-
-    return isinstance(obj, (Variable, VariableSnapshot))
+    return isinstance(obj, (CheckpointedVariable, VariableSnapshot))
 
 
 # --- save -------------------------------------------------------------------------------
@@ -160,8 +174,7 @@ def _save_eagerly(
         variables = [_variable_of(obj) for obj in objs]
         rows = _rows_of(objs, saver, target)
         ref = binding.reference(backend, folder, prefix, checkpoint_id)
-        with manifest.recording(ref):  # de_store's own field, apart from user metadata
-            core.save_variables(variables, rows, backend, folder, saver)
+        core.save_variables(variables, rows, backend, folder, saver, tf_checkpoint=ref)
         if saver.topology.is_chief:
             gc.remove_orphans(backend, keep=folder)
     head = posixpath.dirname(prefix)

@@ -7,9 +7,8 @@ the variables it is given, holding the table's mutex (:mod:`._locking`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import tensorflow as tf
 
@@ -17,58 +16,9 @@ from de_store.tables._index import handle_variable
 from de_store.tables._locking import critical_section
 from de_store.tables._probe import TableOps
 from de_store.tables._tracking import STAMP_DTYPE
+from de_store.tables._types import Config, State, View
 
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """What a table's kernels depend on besides its variables (tables alike share kernels)."""
-
-    dim: int
-    dtype: tf.DType  # of the stored value rows
-    max_load_factor: float
-    row_growth: float
-    init_capacity: int
-    track_changes: bool = True
-    init_rows: int = 16  # of the row store
-    #: ``scatter_update`` applies its updates one at a time in batch order, as TensorFlow's
-    #: CPU kernel does (a memmove loop): the last writer of a slot wins, whole. A GPU
-    #: scatter keeps an arbitrary writer and may mix the columns of two, so tables there
-    #: confirm races (and pick the last of repeated keys) with extra rounds.
-    serial_scatter: bool = False
-    #: Whether the kernels hold the table's mutex. Tables always do; kernels without it
-    #: exist to measure the lock's cost (``de_store.testing.tables.without_lock``).
-    locked: bool = True
-
-
-class State(NamedTuple):
-    """A table's variables, passed to the shared kernels as arguments."""
-
-    index: tf.Variable
-    values: tf.Variable
-    free_rows: tf.Variable
-    num_keys: tf.Variable
-    num_deleted: tf.Variable
-    num_free: tf.Variable
-    next_row: tf.Variable
-    # change tracking: the epoch of each row's last write, the current epoch, and the log
-    # of removed keys with the epoch of their removal
-    stamps: tf.Variable
-    epoch: tf.Variable
-    removed: tf.Variable
-    removed_at: tf.Variable
-    num_removed: tf.Variable
-
-
-class View:
-    """One table as the kernels see it: its config fields and its variables."""
-
-    def __init__(self, config: Config, state: State) -> None:
-        self.__dict__.update(dataclasses.asdict(config))
-        self.__dict__.update(state._asdict())
-        self.state = state
-
-    def __getattr__(self, name: str) -> tf.Variable:  # for mypy: attributes set above
-        raise AttributeError(name)
+__all__ = ["Config", "Kernels", "State", "View", "kernels_for"]
 
 
 class Kernels:
@@ -101,7 +51,7 @@ class Kernels:
         # serves every table); a function given variables would capture the first ones.
         def kernel(mutex: tf.Tensor, handles: tuple[tf.Tensor, ...], *args: tf.Tensor) -> object:
             state = State(*map(handle_variable, handles, self._variable_specs()))
-            operation = getattr(TableOps(View(self.config, state), self), name)
+            operation = getattr(TableOps(View(self.config, state)), name)
             if not self.config.locked:
                 return operation(*args)
             return critical_section(mutex, [handles, *args], lambda: operation(*args))

@@ -10,7 +10,7 @@ first probe rounds in :mod:`._index`, the growth of the index and the row store 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import tensorflow as tf
 
@@ -29,47 +29,18 @@ from de_store.tables._index import (
 from de_store.tables._race import KEPT_TOKENS_DIV, RaceOps, probe_rounds
 from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, replace, variable_length
 from de_store.tables._tracking import count as _count
-
-if TYPE_CHECKING:
-    from de_store.tables._kernels import Kernels, View
+from de_store.tables._types import Claims, View
 
 # Tokens of the last-occurrence race sit above every real row id. (The claims of an insert
 # use ``next_row + i``, also above every row held.)
 TOKEN_BASE = 1 << 40
 
 
-class Claims(NamedTuple):
-    """What :meth:`TableOps.find_or_claim` found: ``slots`` and ``rows`` of the keys
-    resolved at once (``-1`` / ``EMPTY`` for the others), and ``left_slots``,
-    ``left_rows`` of the keys at positions ``left``, resolved by the probe loop. A row
-    at or above the batch's token base is a claim's token."""
-
-    slots: tf.Tensor
-    rows: tf.Tensor
-    left: tf.Tensor
-    left_slots: tf.Tensor
-    left_rows: tf.Tensor
-    won: tf.Tensor  # how many of the keys resolved at once won their claim
-
-    def count_fresh(self, base: tf.Tensor) -> tf.Tensor:
-        """How many keys won a claim (key ``i`` holds the token ``base + i``)."""
-        won_left = tf.equal(self.left_rows, self.left + base)
-        return self.won + tf.reduce_sum(tf.cast(won_left, tf.int64))
-
-    def merged(self) -> tuple[tf.Tensor, tf.Tensor]:
-        """``(slots, rows)`` of every key."""
-        both = tf.stack([self.slots, self.rows], 1)
-        left = tf.stack([self.left_slots, self.left_rows], 1)
-        both = tf.tensor_scatter_nd_update(both, self.left[:, None], left)
-        return both[:, 0], both[:, 1]
-
-
 class TableOps(CapacityOps, RaceOps, TrackingOps):
     """Graph operations over one table's variables (built while tracing a kernel)."""
 
-    def __init__(self, table: View, kernels: Kernels) -> None:
+    def __init__(self, table: View) -> None:
         self.t = table
-        self.kernels = kernels
 
     def find(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``probe`` without claiming."""

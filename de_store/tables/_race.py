@@ -3,15 +3,13 @@ into :class:`~de_store.tables._probe.TableOps`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tensorflow as tf
 
 from de_store.tables._index import CHUNK, race_from
 from de_store.tables._tracking import count as _count
-
-if TYPE_CHECKING:
-    from de_store.tables._probe import Claims
+from de_store.tables._types import Claims
 
 #: A batch keeps its claim tokens as rows when at most ``1/KEPT_TOKENS_DIV`` of its keys
 #: are present or repeated.

@@ -80,7 +80,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
-from de_store.tables import _checks, _index, _kernels, _locking, _tracking
+from de_store.tables import _checks, _index, _kernels, _locking, _tracking, _types
 from de_store.tables.base import TableCore
 
 _KEY_DTYPES = (tf.int64, tf.int32)
@@ -173,7 +173,7 @@ class HashTable(TableCore):
         self._device = self.index.device
         self._mutex = _locking.TableMutex(self._device)
         self._kernels = _kernels.kernels_for(
-            _kernels.Config(
+            _types.Config(
                 dim,
                 self._stored_dtype,
                 self.max_load_factor,
@@ -307,9 +307,9 @@ class HashTable(TableCore):
             return self._kernels.run(kernel, self._mutex.resource_handle, self._state, *args)
 
     @property
-    def _state(self) -> _kernels.State:
+    def _state(self) -> _types.State:
         """The variables, as the shared kernels take them (a property: not tracked twice)."""
-        return _kernels.State(
+        return _types.State(
             self.index,
             self.values,
             self.free_rows,
