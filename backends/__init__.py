@@ -1,10 +1,11 @@
 """Storage backends built on fsspec.
 
-Open one with :func:`open_backend`; the contract is :class:`Backend` in ``base``.
+Open one with :func:`open_backend` (or a checkpoint's parent folder with
+:func:`open_location`); the contract is :class:`Backend` in ``base``.
 """
 
 from .base import Backend, Capabilities, IOStats
-from .registry import BackendSpec, backend_class, open_backend, register_backend
+from .registry import BackendSpec, backend_class, open_backend, open_location, register_backend
 
 __all__ = [
     "Backend",
@@ -13,5 +14,6 @@ __all__ = [
     "IOStats",
     "backend_class",
     "open_backend",
+    "open_location",
     "register_backend",
 ]

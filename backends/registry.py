@@ -149,3 +149,20 @@ def open_backend(
     options = dict(storage_options or {})
     check_storage_options(cls, protocol, options, redact_url(url_or_fs))
     return cls.from_url(url_or_fs, options, root)
+
+
+def open_location(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Backend, str]:
+    """The backend of ``url``'s parent folder and the name of the folder inside it.
+
+    A checkpoint is one folder; the saver and the tools work on its parent, where sibling
+    checkpoints, staging folders and commit records live.
+
+    Raises
+    ------
+    ValueError
+        ``url`` names no folder under a parent path (``""``, ``"s3://"``, ``"s3://bucket"``).
+    """
+    parent, _, name = url.rstrip("/").rpartition("/")
+    if not name or parent.endswith(":/"):
+        raise ValueError(f"checkpoint URL {url!r} must name a folder under a parent path")
+    return open_backend(parent or ".", storage_options), name

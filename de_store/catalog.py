@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any, cast
 
-from de_store.backends import Backend, open_backend
+from de_store.backends import Backend, open_backend, open_location
 from de_store.errors import CheckpointError
 from de_store.saver import gc
 from de_store.saver.chain import iter_manifests, parent_folder
@@ -35,14 +35,6 @@ from de_store.saver.commit import (
 from de_store.saver.manifest import Manifest
 
 _STEP = re.compile(r"(\d+)$")
-
-
-def open_location(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Backend, str]:
-    """The backend of ``url``'s parent folder and the checkpoint's name inside it."""
-    parent, _, name = url.rstrip("/").rpartition("/")
-    if not name or parent.endswith(":/"):
-        raise ValueError(f"checkpoint URL {url!r} must name a folder under a parent path")
-    return open_backend(parent or ".", storage_options), name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -408,7 +408,7 @@ def _print_chain(info: dict[str, Any]) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from de_store.catalog import open_location
+    from de_store.backends import open_location
     from de_store.progress import progress_for
     from de_store.saver.verify import verify_checkpoint
 
@@ -429,7 +429,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from de_store.catalog import open_location
+    from de_store.backends import open_location
     from de_store.convert import TfraOptions, convert
     from de_store.saver.destination import check_destination
 

@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from de_store import _rewrite
-from de_store.backends import Backend
-from de_store.catalog import open_location
+from de_store.backends import Backend, open_location
 from de_store.errors import CheckpointError
 from de_store.formats.binary import numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress

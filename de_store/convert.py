@@ -31,8 +31,7 @@ from de_store._rewrite import (
     new_checkpoint,
     select,
 )
-from de_store.backends import Backend, open_backend
-from de_store.catalog import open_location
+from de_store.backends import Backend, open_backend, open_location
 from de_store.compact import chain_source, compact, flattened_source
 from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
 from de_store.formats import FORMATS, batch_to_numpy, tfra

@@ -111,7 +111,7 @@ def run(
 
 def _check_destinations(kv_url: str, tf_dir: str, options: dict[str, Any]) -> None:
     """Fail before training if the KV checkpoint or the TF bundle cannot be saved."""
-    from de_store.catalog import open_location
+    from de_store.backends import open_location
     from de_store.saver.destination import check_destination
 
     check_destination(*open_location(kv_url, options), probe=True)

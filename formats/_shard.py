@@ -14,8 +14,15 @@ import pyarrow as pa
 from de_store.errors import DeStoreError, FormatError
 
 from ._stream import check_crc, check_frame, check_size, crc32c_combine, read_exact
-from .base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
-from .batches import conform, key_range, select, split
+from .base import (
+    ByteRange,
+    FileInfo,
+    PartInfo,
+    SchemaInfo,
+    ShardInfo,
+    location,
+)
+from .batches import conform, key_range, split
 
 if TYPE_CHECKING:
     from de_store.backends import Backend
@@ -27,11 +34,6 @@ READ_AHEAD = 2
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-def location(backend: Backend, path: str) -> str:
-    """``path`` as a URL on ``backend``, for messages."""
-    return f"{backend.url.rstrip('/')}/{path}"
 
 
 def write_parts(
@@ -90,14 +92,6 @@ def wanted_parts(parts: Sequence[int] | None, count: int, where: str) -> list[in
     if bad:
         raise ValueError(f"{where} has {count} parts (0..{count - 1}); cannot read parts {bad}")
     return list(parts)
-
-
-def check_expected(expected: ShardInfo, format_name: str, where: str) -> None:
-    """FormatError when ``expected`` describes a shard of another format."""
-    if expected.format != format_name:
-        raise FormatError(
-            f"{where}: expected describes a {expected.format!r} shard, read as {format_name!r}"
-        )
 
 
 def read_frame(
@@ -219,15 +213,6 @@ def check_columns(where: str, schema: pa.Schema, expected: SchemaInfo | None) ->
         raise FormatError(
             f"{where} is not a de_store shard: no 'key' and 'value' columns in {schema.names}"
         )
-
-
-def rebatch(
-    batches: Iterable[pa.RecordBatch], buffer_size: int, columns: Sequence[str] | None, where: str
-) -> Iterator[pa.RecordBatch]:
-    """Select ``columns`` and cut batches to at most ``buffer_size`` rows."""
-    names = list(columns) if columns is not None else None
-    for batch in batches:
-        yield from split(select(batch, names, where), buffer_size)
 
 
 @contextlib.contextmanager

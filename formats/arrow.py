@@ -17,19 +17,17 @@ from de_store.errors import FormatError
 from ._shard import (
     PartReader,
     check_columns,
-    check_expected,
     check_rows,
     decoding,
     location,
     map_ahead,
     read_frame,
-    rebatch,
     shard_info,
     wanted_parts,
     write_parts,
 )
 from ._stream import ChecksummingWriter
-from .base import DEFAULT_BUFFER_SIZE, FileInfo, SchemaInfo, ShardFormat, ShardInfo
+from .base import DEFAULT_BUFFER_SIZE, FileInfo, ReadRequest, SchemaInfo, ShardFormat, ShardInfo
 
 if TYPE_CHECKING:
     from de_store.backends import Backend
@@ -94,22 +92,15 @@ class ArrowFormat(ShardFormat):
         files = [FileInfo(path, sink.position, sink.crc32c)]
         return shard_info(self.name, path, schema_info, parts, files)
 
-    def read(
-        self,
-        backend: Backend,
-        path: str,
-        *,
-        buffer_size: int = DEFAULT_BUFFER_SIZE,
-        columns: Sequence[str] | None = None,
-        parts: Sequence[int] | None = None,
-        expected: ShardInfo | None = None,
+    def read_verified(
+        self, backend: Backend, path: str, expected: ShardInfo, request: ReadRequest
     ) -> Iterator[pa.RecordBatch]:
-        where = location(backend, path)
-        if expected is None:
-            batches = _read_unverified(backend, path, parts)
-        else:
-            batches = _read_verified(backend, path, parts, expected)
-        yield from rebatch(batches, buffer_size, columns, where)
+        return _read_verified(backend, path, request.parts, expected)
+
+    def read_unverified(
+        self, backend: Backend, path: str, request: ReadRequest
+    ) -> Iterator[pa.RecordBatch]:
+        return _read_unverified(backend, path, request.parts)
 
 
 def _check_magic(where: str, head: bytes) -> None:
@@ -121,7 +112,6 @@ def _read_verified(
     backend: Backend, path: str, parts: Sequence[int] | None, expected: ShardInfo
 ) -> Iterator[pa.RecordBatch]:
     where = location(backend, path)
-    check_expected(expected, ArrowFormat.name, where)
     head, _ = read_frame(backend, path, expected)
     _check_magic(where, head)
     schema = expected.schema.arrow_schema()

@@ -26,7 +26,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
+from de_store.errors import FormatError
+
 from ._schema import FORMAT_VERSION, ExtraColumn, Key, SchemaInfo
+from .batches import select, split
 
 if TYPE_CHECKING:
     from de_store.backends import Backend
@@ -160,6 +163,26 @@ class ShardInfo:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadRequest:
+    """What :meth:`ShardFormat.read` asks of a format's own read steps.
+
+    Attributes
+    ----------
+    parts:
+        Indices of the parts to read, in that order; None: all.
+    columns:
+        The columns the caller keeps (None: all). A hint: ``read`` selects them from
+        what the step yields.
+    buffer_size:
+        Most rows per batch the caller gets. A hint: ``read`` cuts what the step yields.
+    """
+
+    parts: Sequence[int] | None = None
+    columns: list[str] | None = None
+    buffer_size: int = DEFAULT_BUFFER_SIZE
+
+
 class ShardFormat(abc.ABC):
     """A way to lay out a shard's rows in files on a backend.
 
@@ -203,7 +226,6 @@ class ShardFormat(abc.ABC):
             A batch does not match ``schema_info``, or the format cannot store it.
         """
 
-    @abc.abstractmethod
     def read(
         self,
         backend: Backend,
@@ -215,6 +237,10 @@ class ShardFormat(abc.ABC):
         expected: ShardInfo | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Read a shard back as record batches of at most ``buffer_size`` rows.
+
+        The format's own steps are :meth:`read_verified` (given ``expected``, once it is
+        known to describe a shard of this format) and :meth:`read_unverified`; their
+        batches are then cut to ``columns`` and ``buffer_size``.
 
         Parameters
         ----------
@@ -237,3 +263,57 @@ class ShardFormat(abc.ABC):
         FormatError
             The file is truncated, foreign, or does not match ``expected``.
         """
+        where = location(backend, path)
+        names = list(columns) if columns is not None else None
+        request = ReadRequest(parts, names, buffer_size)
+        if expected is None:
+            batches = self.read_unverified(backend, path, request)
+        else:
+            check_expected(expected, self.name, where)
+            batches = self.read_verified(backend, path, expected, request)
+        yield from rebatch(batches, buffer_size, names, where)
+
+    @abc.abstractmethod
+    def read_verified(
+        self, backend: Backend, path: str, expected: ShardInfo, request: ReadRequest
+    ) -> Iterator[pa.RecordBatch]:
+        """The rows of the parts ``request`` names of the shard ``expected`` describes,
+        each byte checked against the crc32c recorded there before it is decoded."""
+
+    def read_unverified(
+        self, backend: Backend, path: str, request: ReadRequest
+    ) -> Iterator[pa.RecordBatch]:
+        """The rows of the parts ``request`` names of a shard read without its
+        ``ShardInfo``: for formats whose files record their schema. This default refuses.
+
+        Raises
+        ------
+        ValueError
+            The format needs ``expected`` to read the shard.
+        """
+        raise ValueError(
+            f"{self.name} shard {location(backend, path)} records no schema: pass "
+            "expected=<its ShardInfo>"
+        )
+
+
+def location(backend: Backend, path: str) -> str:
+    """``path`` as a URL on ``backend``, for messages."""
+    return f"{backend.url.rstrip('/')}/{path}"
+
+
+def check_expected(expected: ShardInfo, format_name: str, where: str) -> None:
+    """FormatError when ``expected`` describes a shard of another format."""
+    if expected.format != format_name:
+        raise FormatError(
+            f"{where}: expected describes a {expected.format!r} shard, read as {format_name!r}"
+        )
+
+
+def rebatch(
+    batches: Iterable[pa.RecordBatch], buffer_size: int, columns: Sequence[str] | None, where: str
+) -> Iterator[pa.RecordBatch]:
+    """Select ``columns`` and cut batches to at most ``buffer_size`` rows."""
+    names = list(columns) if columns is not None else None
+    for batch in batches:
+        yield from split(select(batch, names, where), buffer_size)

@@ -20,17 +20,15 @@ from de_store.errors import FormatError
 
 from ._shard import (
     PartReader,
-    check_expected,
     location,
     map_ahead,
     read_together,
-    rebatch,
     shard_info,
     wanted_parts,
     write_parts,
 )
 from ._stream import ChecksummingWriter, check_crc_value, check_size, crc32c_combine
-from .base import DEFAULT_BUFFER_SIZE, FileInfo, SchemaInfo, ShardFormat, ShardInfo
+from .base import DEFAULT_BUFFER_SIZE, FileInfo, ReadRequest, SchemaInfo, ShardFormat, ShardInfo
 
 if TYPE_CHECKING:
     from de_store.backends import Backend
@@ -100,25 +98,18 @@ class BinaryFormat(ShardFormat):
         ]
         return shard_info(self.name, path, schema_info, parts, files)
 
-    def read(
-        self,
-        backend: Backend,
-        path: str,
-        *,
-        buffer_size: int = DEFAULT_BUFFER_SIZE,
-        columns: Sequence[str] | None = None,
-        parts: Sequence[int] | None = None,
-        expected: ShardInfo | None = None,
+    def read_verified(
+        self, backend: Backend, path: str, expected: ShardInfo, request: ReadRequest
     ) -> Iterator[pa.RecordBatch]:
-        where = location(backend, path)
-        if expected is None:
-            raise ValueError(
-                f"binary shard {where} records no dim or dtypes: pass expected=<its ShardInfo>, "
-                "or use de_store.formats.tfra.read_table for TFRA folders"
-            )
-        check_expected(expected, self.name, where)
-        batches = _read_verified(backend, expected, parts)
-        yield from rebatch(batches, buffer_size, columns, where)
+        return _read_verified(backend, expected, request.parts)
+
+    def read_unverified(
+        self, backend: Backend, path: str, request: ReadRequest
+    ) -> Iterator[pa.RecordBatch]:
+        raise ValueError(
+            f"binary shard {location(backend, path)} records no dim or dtypes: pass "
+            "expected=<its ShardInfo>, or use de_store.formats.tfra.read_table for TFRA folders"
+        )
 
 
 def _read_verified(

@@ -16,7 +16,7 @@ Plain pyarrow reads a shard, or a whole variable from its folder of shards::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -28,19 +28,17 @@ from ._plain_parquet import NotPlain, PlainParquetWriter, decode_row_group, supp
 from ._shard import (
     PartReader,
     check_columns,
-    check_expected,
     check_rows,
     decoding,
     location,
     map_ahead,
     read_frame,
-    rebatch,
     shard_info,
     wanted_parts,
     write_parts,
 )
 from ._stream import ChecksummingWriter, SparseFile
-from .base import DEFAULT_BUFFER_SIZE, FileInfo, SchemaInfo, ShardFormat, ShardInfo
+from .base import DEFAULT_BUFFER_SIZE, FileInfo, ReadRequest, SchemaInfo, ShardFormat, ShardInfo
 
 if TYPE_CHECKING:
     from de_store.backends import Backend
@@ -116,23 +114,15 @@ class ParquetFormat(ShardFormat):
         files = [FileInfo(path, sink.position, sink.crc32c)]
         return shard_info(self.name, path, schema_info, parts, files)
 
-    def read(
-        self,
-        backend: Backend,
-        path: str,
-        *,
-        buffer_size: int = DEFAULT_BUFFER_SIZE,
-        columns: Sequence[str] | None = None,
-        parts: Sequence[int] | None = None,
-        expected: ShardInfo | None = None,
+    def read_verified(
+        self, backend: Backend, path: str, expected: ShardInfo, request: ReadRequest
     ) -> Iterator[pa.RecordBatch]:
-        where = location(backend, path)
-        names = list(columns) if columns is not None else None
-        if expected is None:
-            batches = _read_unverified(backend, path, parts, names, buffer_size)
-        else:
-            batches = _read_verified(backend, path, parts, names, expected, buffer_size)
-        yield from rebatch(batches, buffer_size, columns, where)
+        return _read_verified(backend, path, expected, request)
+
+    def read_unverified(
+        self, backend: Backend, path: str, request: ReadRequest
+    ) -> Iterator[pa.RecordBatch]:
+        return _read_unverified(backend, path, request)
 
 
 def _metadata(where: str, tail: bytes) -> pq.FileMetaData:
@@ -155,15 +145,10 @@ def _checked_metadata(where: str, tail: bytes, expected: ShardInfo) -> pq.FileMe
 
 
 def _read_verified(
-    backend: Backend,
-    path: str,
-    parts: Sequence[int] | None,
-    columns: list[str] | None,
-    expected: ShardInfo,
-    buffer_size: int,
+    backend: Backend, path: str, expected: ShardInfo, request: ReadRequest
 ) -> Iterator[pa.RecordBatch]:
+    parts, columns, buffer_size = request.parts, request.columns, request.buffer_size
     where = location(backend, path)
-    check_expected(expected, ParquetFormat.name, where)
     with backend.open_read(path) as f:
         head, tail = read_frame(backend, path, expected, f=f)
         if head[:4] != MAGIC:
@@ -205,13 +190,8 @@ def _read_verified(
             yield from batches
 
 
-def _read_unverified(
-    backend: Backend,
-    path: str,
-    parts: Sequence[int] | None,
-    columns: list[str] | None,
-    buffer_size: int,
-) -> Iterator[pa.RecordBatch]:
+def _read_unverified(backend: Backend, path: str, request: ReadRequest) -> Iterator[pa.RecordBatch]:
+    parts, columns, buffer_size = request.parts, request.columns, request.buffer_size
     where = location(backend, path)
     with backend.open_read(path) as f:
         if f.read(4) != MAGIC:

@@ -26,9 +26,8 @@ import pyarrow as pa
 
 from de_store.errors import FormatError
 
-from ._shard import location
 from ._stream import read_exact
-from .base import DEFAULT_BUFFER_SIZE, SchemaInfo, ShardInfo
+from .base import DEFAULT_BUFFER_SIZE, SchemaInfo, ShardInfo, location
 from .batches import DTYPE_KEY
 from .binary import KEYS_SUFFIX, VALUES_SUFFIX, BinaryFormat, decode_pair, numpy_dtype
 

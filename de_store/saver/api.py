@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from de_store.backends import open_location
 from de_store.saver import at_exit, core, incremental
 from de_store.saver.destination import check_destination
 from de_store.saver.filesystem_saver import FileSystemSaver
@@ -112,7 +113,7 @@ def save(
     """
     global _LAST
     saver = _saver_for(saver, saver_options)
-    backend, name = core.open_location(url, saver.storage_options)
+    backend, name = open_location(url, saver.storage_options)
     target = f"{backend.url.rstrip('/')}/{name}"
     core.check_unique_names([variable.name for variable in variables], target)
     check_destination(backend, name)  # before the snapshot, raised here rather than later
@@ -165,5 +166,5 @@ def restore(
     every needed file was read and verified.
     """
     saver = _saver_for(saver, saver_options)
-    backend, name = core.open_location(url, saver.storage_options)
+    backend, name = open_location(url, saver.storage_options)
     return core.restore_checkpoint(variables, backend, name, saver.topology, saver.options)

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from de_store.backends import Backend, open_backend
+from de_store.backends import Backend
 from de_store.errors import (
     BarrierTimeoutError,
     CheckpointCorruptError,
@@ -101,14 +101,6 @@ class IOOptions:
             raise ValueError(f"barrier_timeout_s must be > 0, got {self.barrier_timeout_s!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise ValueError(f"retry must be a RetryPolicy, got {self.retry!r}")
-
-
-def open_location(url: str, storage_options: dict[str, Any] | None) -> tuple[Backend, str]:
-    """The backend of ``url``'s parent folder and the checkpoint's name inside it."""
-    parent, _, name = url.rstrip("/").rpartition("/")
-    if not name or parent.endswith(":/"):
-        raise ValueError(f"checkpoint URL {url!r} must name a folder under a parent path")
-    return open_backend(parent or ".", storage_options), name
 
 
 def job_token(topology: Topology, job_id: str | None = None) -> str:

@@ -30,6 +30,7 @@ from tensorflow.python.ops import io_ops
 from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
+from de_store.backends import open_location
 from de_store.saver import at_exit, binding, core, gc, incremental, tf_compat
 from de_store.saver.commit import read_manifest
 from de_store.saver.filesystem_saver import FileSystemSaver
@@ -169,7 +170,7 @@ def _save_eagerly(
         core.check_unique_names([_variable_of(o).name for o in objs], url, paths[url])
     for url, objs in groups.items():
         saver = saver_of(objs[0])
-        backend, folder = core.open_location(url, saver.storage_options)
+        backend, folder = open_location(url, saver.storage_options)
         target = f"{backend.url.rstrip('/')}/{folder}"
         variables = [_variable_of(obj) for obj in objs]
         rows = _rows_of(objs, saver, target)
@@ -242,7 +243,7 @@ def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
         ids[url] = _checkpoint_id(reader, name)
     for url, variables in groups.items():
         saver = saver_of(variables[0]) or FileSystemSaver()
-        backend, folder = core.open_location(url, saver.storage_options)
+        backend, folder = open_location(url, saver.storage_options)
         checkpoint_id = ids[url]
         if checkpoint_id is not None:  # TF checkpoints saved before ids were written: none
             found = saver.options.retry.call(functools.partial(read_manifest, backend, folder))[1]

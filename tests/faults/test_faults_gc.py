@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 import de_store as ds
-from de_store.backends import open_backend
+from de_store.backends import open_backend, open_location
 from de_store.cli import main
 from de_store.errors import CheckpointMismatchError, GCRefusedError, SaveInterruptedError
 from de_store.saver import core, gc, incremental
@@ -94,7 +94,7 @@ class StopAtBarrier(Barrier):
 
 def interrupted_save(url: str, options: dict | None = None, job_id: str | None = None) -> None:
     """A save of ``url`` that wrote its shards and rank manifest, then stopped."""
-    backend, name = core.open_location(url, options or {})
+    backend, name = open_location(url, options or {})
     var = filled(9.0)
     rows = incremental.snapshots([var], None, url)
     cancel = threading.Event()

@@ -16,9 +16,8 @@ from saver_helpers import content, fill, make_variable
 from test_saver_multiprocess import run_ranks
 
 import de_store as ds
-from de_store.backends import open_backend
+from de_store.backends import open_backend, open_location
 from de_store.errors import CheckpointError, CheckpointNotFoundError
-from de_store.saver import core
 from de_store.saver import manifest as manifest_module
 from de_store.saver.chain import iter_manifests, parent_reference, resolve_chain
 from de_store.saver.commit import commit_strategy, read_manifest
@@ -230,7 +229,7 @@ class Model:
 
 
 def manifest_of(url: str, options: dict | None = None) -> Manifest:
-    backend, name = core.open_location(url, options)
+    backend, name = open_location(url, options)
     return read_manifest(backend, name)[1]
 
 

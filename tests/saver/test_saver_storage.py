@@ -12,6 +12,7 @@ import tensorflow as tf
 from saver_helpers import companion_content, content, fill, make_variable
 
 import de_store as ds
+from de_store.backends import open_location
 from de_store.saver import core
 from de_store.saver.topology import Topology
 from de_store.testing import StorageLocation
@@ -78,7 +79,7 @@ def test_each_rank_reads_only_its_share(tmp_path, ranks: int) -> None:
     ds.save([var], url, blocking=True)
     seen: list[np.ndarray] = []
     for rank in range(ranks):
-        backend, name = core.open_location(url, None)
+        backend, name = open_location(url, None)
         target = make_variable("emb", None, dim=8)
         backend.stats.reset()
         manifest = core.restore_checkpoint(
