@@ -86,17 +86,34 @@ class TableCore(tf.Module, abc.ABC):
         return tf.concat([k for k, _ in batches], 0), tf.concat([v for _, v in batches], 0)
 
     # -- change tracking (incremental checkpoints) ------------------------------------
-    #: Whether this core tracks changes; cores that do implement the four methods below.
+    #: Whether this core tracks changes; cores that do implement ``export_changes`` and
+    #: ``forget_removed`` and hold their current epoch in :attr:`epoch`.
     track_changes: bool = False
+    #: The current change epoch, an int64 scalar variable (None: the core keeps none).
+    epoch: tf.Variable | None = None
+    #: The name given to the core, for messages.
+    table_name: str
 
     def change_epoch(self) -> int:
         """The current change epoch (from 1): every row written (insert, accum) is stamped
         with it, every removed key is logged with it."""
-        raise self._no_tracking()
+        return int(self._epoch().numpy())
 
     def set_change_epoch(self, epoch: int) -> None:
         """Make ``epoch`` the current change epoch."""
-        raise self._no_tracking()
+        self._epoch().assign(epoch)
+
+    def _epoch(self) -> tf.Variable:
+        if self.epoch is None:
+            raise self._no_tracking()
+        return self.epoch
+
+    def _check_tracking(self) -> None:
+        """ValueError unless the core was made with ``track_changes=True``."""
+        if not self.track_changes:
+            raise ValueError(
+                f"table {self.table_name!r} does not track changes (track_changes=False)"
+            )
 
     def export_changes(self, since: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """``(keys [n], values [n, dim], removed [m])``: the rows written at an epoch after

@@ -257,14 +257,6 @@ class HashTable(TableCore):
         return _checks.snapshot_batches(self.table_name, self.export_all(), batch_size)
 
     # -- change tracking ---------------------------------------------------------------
-    def change_epoch(self) -> int:
-        """The current change epoch: rows written now are stamped with it."""
-        return int(self.epoch.numpy())
-
-    def set_change_epoch(self, epoch: int) -> None:
-        """Make ``epoch`` the current change epoch."""
-        self.epoch.assign(epoch)
-
     def export_changes(self, since: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Return ``(keys, values, removed)``: the rows written at an epoch after ``since``
         and the keys removed after ``since`` that are absent now; see
@@ -277,12 +269,6 @@ class HashTable(TableCore):
         """Drop the removal records of epochs up to ``upto``."""
         self._check_tracking()
         self._run("forget_removed", tf.constant(upto, tf.int64))
-
-    def _check_tracking(self) -> None:
-        if not self.track_changes:
-            raise ValueError(
-                f"table {self.table_name!r} does not track changes (track_changes=False)"
-            )
 
     # -- introspection -----------------------------------------------------------------
     def capacity(self) -> int:

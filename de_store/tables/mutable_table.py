@@ -46,6 +46,8 @@ class MutableTable(TableCore):
         :meth:`export_changes` (incremental checkpoints).
     """
 
+    epoch: tf.Variable  # kept with or without tracking: writes are stamped with it
+
     def __init__(
         self,
         key_dtype: tf.DType,
@@ -184,14 +186,6 @@ class MutableTable(TableCore):
             epoch = tf.fill(tf.shape(stored_keys), self.epoch.read_value())
             self._stamps.insert(stored_keys, epoch)
 
-    def change_epoch(self) -> int:
-        """The current change epoch: rows written now are stamped with it."""
-        return int(self.epoch.numpy())
-
-    def set_change_epoch(self, epoch: int) -> None:
-        """Make ``epoch`` the current change epoch."""
-        self.epoch.assign(epoch)
-
     @locked
     def export_changes(self, since: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """See :meth:`TableCore.export_changes`."""
@@ -218,9 +212,3 @@ class MutableTable(TableCore):
 
     def _exported(self, keys: tf.Tensor) -> tf.Tensor:
         return tf.cast(keys, self.key_dtype) if self.key_dtype != self._stored_key else keys
-
-    def _check_tracking(self) -> None:
-        if not self.track_changes:
-            raise ValueError(
-                f"table {self.table_name!r} does not track changes (track_changes=False)"
-            )
