@@ -44,8 +44,8 @@ def probe_step(keys: tf.Tensor) -> tf.Tensor:
     An odd stride visits every slot of a power-of-two index. Keys of one home slot
     mostly step apart, so clusters do not grow into long runs as under linear probing,
     and the keys inserted last find their slot in fewer probes. Every probe round reads
-    each key's slot in a pass of its own, so linear probing's neighbouring slots saved
-    nothing: at 10M keys (load 0.6) lookups ran 26% faster and inserts 9%.
+    each key's slot in a pass of its own, so linear probing's neighbouring slots would save
+    nothing there, while its longer runs would cost more rounds.
     """
     mixed = tf.bitwise.bitwise_and(tf.bitwise.right_shift(keys * _MIX2, 40), _LOW24)
     return tf.bitwise.bitwise_or(mixed, tf.constant(1, tf.int64))
@@ -117,13 +117,11 @@ def first_probes(index_handle: tf.Tensor, keys: tf.Tensor) -> tuple[tf.Tensor, .
     unresolved key goes on (``-1`` once resolved). XLA's fused gathers and selects
     run these rounds several times faster than the graph loop, which compacts the
     unresolved keys every round. How many keys two rounds leave depends on when they
-    came: at a final load of 0.6 (10M keys inserted in batches of 1M), 0.17% of the first
-    batch's keys but 31% of the last's, and 36% of missing keys (37% and 41% under linear
-    probing, whose left keys also took the loop more rounds each).
-    Every round costs about 10 ms per 1M keys; more rounds cost the early keys more than
-    they save the late ones, measured up to six (also with the rounds' reads fused into
-    one pass); for inserts, three rounds did as well as two, four and six worse. XLA
-    compiles once per index capacity and batch size class.
+    came: few of the keys inserted into an emptier table, many of those inserted last, and
+    many missing keys. Two rounds: every round costs each key in it a gather, and more
+    rounds cost the keys resolved early more than they save the late ones
+    (``benchmarks/table_bench.py`` times lookups and inserts). XLA compiles once per index
+    capacity and batch size class.
     """
     index = handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
     rows, stop, pos = _probe_rounds(index, keys)

@@ -244,9 +244,9 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
 
     def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """:meth:`place` in the probe loop only, from each key's home slot (a rehash: its
-        batches have every size, and a compiled race compiles for each). Racing its keys in
-        compiled chunks, as big inserts do, made growing to 10M keys 10% faster, but every
-        kernel that may rehash 0.35 s slower to trace (a restore pays that)."""
+        batches have every size, and a compiled race compiles for each). The loop keeps
+        the compiled race out of every kernel that may rehash, so those trace faster: a
+        restore traces them, and a growth rehashes only a few times."""
         home = home_slots(keys, variable_length(self.t.index) - 1)
         return self._place_loop(keys, rows, home)
 

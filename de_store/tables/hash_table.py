@@ -16,8 +16,8 @@ part sized by the power-of-two capacity, so the table stays within ~1.5x the raw
 bytes, and growing the index (a rehash) never moves a value row. A bigger index or row
 store is assigned after ``DisableCopyOnRead``: a variable that gathers and scatters have
 touched otherwise copies each value assigned to it, into memory touched for the first
-time (``_tracking.replace``; growing to 10M keys in a new process, those copies took 3.8
-of 8.8 s).
+time (``_tracking.replace``): those copies would be a large share of a growth in a new
+process.
 
 Batches are processed in parallel: every key probes at once, in rounds of a
 ``tf.while_loop`` that carry only the keys still unresolved. Keys that reach the same empty
@@ -26,26 +26,25 @@ read back wins and the losers look at the slot again next round (a duplicate of 
 then finds it). Inserts and bulk loads of 16,384 keys or more start with the two compiled
 probe rounds that lookups use (below), and the keys that stopped at an empty slot there
 race for it in the same XLA computation (the other keys' writes go out of bounds, which
-XLA's scatter skips). The keys those rounds left, and the race's losers, go on in a
-loop whose every round runs the same compiled rounds and race over them, in chunks of
-32K keys (``_race``: one XLA shape per capacity); in TF ops a round cost about 130 ns a
-key, compiled about 50. A pre-sized insert of 1M new keys at load 0.6 went from 320 to
-170 ms with the compiled race and double hashing, and to 130-140 ms with the compiled
-loop. The token of the batch's key ``i`` is the row it gets (``next_row + i``) when at
-most 1/16 of the keys are present or repeated and no freed row waits: the claims then
-wrote the final entries, but for the few new keys whose token lies past the batch's new
-rows, which move into the rows of the keys found; otherwise the new keys' entries are
-written again with the rows allocated. For
-``insert``, when no key repeats a new key of the batch (the common case) every claimer is
-its own last occurrence; otherwise the last occurrence of a duplicated new key is a
-segment max over the keys that found its claim. Present keys (and
-``remove``) race with tokens once more, re-run for later writers until the last one holds
-the slot. ``accum`` sums duplicates with ``scatter_add``. Those confirmations are for a
-GPU, whose scatter keeps an arbitrary writer and may mix the columns of two. TensorFlow's
-CPU ``scatter_update`` writes its updates one by one in batch order, so on a CPU the last
-claimer wins whole, and ``insert`` writes every row in batch order, the last of repeated
-keys last: CPU tables skip the confirming rewrites and the search for last occurrences
-(``Config.serial_scatter``; about 15% of an insert). A rehash places the (distinct)
+XLA's scatter skips). The keys those rounds left, and the race's losers, go on in a loop
+whose every round runs the same compiled rounds and race over them, in chunks of 32K keys
+(``_race``: one XLA shape per capacity). A compiled round fuses the gathers, the claim
+scatter and the read-back that TF ops run as separate kernels, which makes it several times
+cheaper a key (``benchmarks/table_bench.py`` times inserts batch by batch,
+docs/benchmarks.md "Table core"). The token of the batch's key ``i`` is the row it gets
+(``next_row + i``) when at most 1/16 of the keys are present or repeated and no freed row
+waits: the claims then wrote the final entries, but for the few new keys whose token lies
+past the batch's new rows, which move into the rows of the keys found; otherwise the new
+keys' entries are written again with the rows allocated. For ``insert``, when no key
+repeats a new key of the batch (the common case) every claimer is its own last occurrence;
+otherwise the last occurrence of a duplicated new key is a segment max over the keys that
+found its claim. Present keys (and ``remove``) race with tokens once more, re-run for later
+writers until the last one holds the slot. ``accum`` sums duplicates with ``scatter_add``.
+Those confirmations are for a GPU, whose scatter keeps an arbitrary writer and may mix the
+columns of two. TensorFlow's CPU ``scatter_update`` writes its updates one by one in batch
+order, so on a CPU the last claimer wins whole, and ``insert`` writes every row in batch
+order, the last of repeated keys last: CPU tables skip the confirming rewrites and the
+search for last occurrences (``Config.serial_scatter``). A rehash places the (distinct)
 keys with their row ids directly, and so does ``load_distinct``, the bulk load a restore
 uses (a checkpoint holds each key once); a key found in its own way there (present, or
 repeated) makes it clear the table and raise ``RepeatedKeysError``.
@@ -206,8 +205,8 @@ class HashTable(TableCore):
     def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Bulk-insert keys absent from the table and distinct among themselves.
 
-        The keys are placed directly, like a rehash, about 2.5x faster than ``insert``
-        (which must find repeats and present keys). Used by restores: a checkpoint holds
+        The keys are placed directly, like a rehash, without the races ``insert`` needs
+        to find repeats and present keys. Used by restores: a checkpoint holds
         each key once. If a key was present or repeated, the table is cleared and
         :class:`~de_store.errors.RepeatedKeysError` raised (inside a ``tf.function``, an
         assertion fails instead and the table is left as it is).
