@@ -18,7 +18,8 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from de_store.backends import Backend
 from de_store.errors import (
@@ -54,6 +55,7 @@ from de_store.saver.manifest import (
 )
 from de_store.saver.retry import RetryPolicy, is_transient
 from de_store.saver.rows import (
+    SavedVariable,
     ShardRows,
     VariableRows,
     apply_delta,
@@ -101,6 +103,24 @@ class IOOptions:
             raise ValueError(f"barrier_timeout_s must be > 0, got {self.barrier_timeout_s!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise ValueError(f"retry must be a RetryPolicy, got {self.retry!r}")
+
+
+class SaverSettings(Protocol):
+    """What a save takes from its saver (a ``FileSystemSaver``, which builds on this
+    module's :class:`IOOptions`)."""
+
+    topology: Topology
+    options: IOOptions
+    barrier: Barrier | None
+    job_id: str | None
+
+
+class RestoredVariable(SavedVariable, Protocol):
+    """What a restore needs of a variable besides what a save reads (a ``Variable``)."""
+
+    def exclusive(self) -> AbstractContextManager[Any]: ...
+
+    def size(self) -> Any: ...
 
 
 def job_token(topology: Topology, job_id: str | None = None) -> str:
@@ -255,11 +275,11 @@ def _parent_of(
 
 
 def save_variables(
-    variables: Sequence[Any],
+    variables: Sequence[SavedVariable],
     rows: Sequence[VariableRows],
     backend: Backend,
     name: str,
-    saver: Any,
+    saver: SaverSettings,
     *,
     metadata: dict[str, Any] | None = None,
     paths: Sequence[str] = (),
@@ -454,7 +474,7 @@ FileRows = tuple[str, ShardRows]
 
 
 def restore_checkpoint(
-    variables: Sequence[Any],
+    variables: Sequence[RestoredVariable],
     backend: Backend,
     name: str,
     topology: Topology,
@@ -516,7 +536,7 @@ def _chain_of(
 
 
 def _apply_chain(
-    variable: Any,
+    variable: RestoredVariable,
     entries: list[VariableEntry],
     links: list[tuple[list[FileRows], list[FileRows]]],
     folders: list[str],
@@ -549,7 +569,9 @@ def _apply_chain(
             apply_delta(variable, entry.columns, [r for _, r in rows], [r for _, r in removed])
 
 
-def _refuse_repeated(variable: Any, folder: str, found: Problem | None, emptied: str = "") -> None:
+def _refuse_repeated(
+    variable: SavedVariable, folder: str, found: Problem | None, emptied: str = ""
+) -> None:
     """Raise :class:`CheckpointCorruptError` for the repeated key ``found`` in the
     checkpoint ``folder`` (None: the table found a repeat that the rows do not show)."""
     detail = f"{folder}/{found.path}: {found.message}" if found else "a key is repeated"
