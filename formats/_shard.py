@@ -17,6 +17,7 @@ from ._stream import check_crc, check_frame, check_size, crc32c_combine, read_ex
 from .base import (
     ByteRange,
     FileInfo,
+    Key,
     PartInfo,
     SchemaInfo,
     ShardInfo,
@@ -49,12 +50,36 @@ def write_parts(
     parts: list[PartInfo] = []
     row_offset = 0
     for batch in batches:
-        for piece in split(conform(batch, schema, where), buffer_size):
+        for piece in split(_conformed(batch, schema, where), buffer_size):
             ranges = write_part(piece)
-            low, high = key_range(piece.column(0))
+            low, high = _key_range(piece.column(0))
             parts.append(PartInfo(piece.num_rows, row_offset, low, high, ranges))
             row_offset += piece.num_rows
     return parts
+
+
+def _conformed(batch: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBatch:
+    """:func:`~.batches.conform`, answered at once for a batch that already has ``schema``
+    and no null anywhere in its columns' buffers (slices of one batch the saver built)."""
+    if batch.schema.equals(schema, check_metadata=True) and not any(
+        map(_may_hold_nulls, batch.columns)
+    ):
+        return batch
+    return conform(batch, schema, where)
+
+
+def _may_hold_nulls(column: pa.Array) -> bool:
+    if pa.types.is_fixed_size_list(column.type):  # ``values``: the whole unsliced child
+        return column.null_count > 0 or column.values.null_count > 0
+    return column.null_count > 0
+
+
+def _key_range(keys: pa.Array) -> tuple[Key, Key]:
+    """:func:`~.batches.key_range`; integer keys through numpy (no compute kernel call)."""
+    if len(keys) and pa.types.is_integer(keys.type) and not keys.null_count:
+        values = keys.to_numpy(zero_copy_only=True)
+        return int(values.min()), int(values.max())
+    return key_range(keys)
 
 
 def shard_info(

@@ -8,15 +8,18 @@ as tombstone shards (:func:`write_tombstones`), so a restoring rank reads only i
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from de_store.backends.base import Backend
 from de_store.formats import get_format
+from de_store.formats._shard import map_ahead
 from de_store.formats.base import ExtraColumn, SchemaInfo
 from de_store.formats.batches import batch_from_numpy
 from de_store.saver.buckets import choose_num_buckets, group_by_bucket
@@ -44,25 +47,48 @@ def schema_info(rows: VariableRows, shard_id: int) -> SchemaInfo:
     )
 
 
+#: Rows gathered into bucket order at a time: whole buckets, about this many rows. The
+#: next chunk is gathered in a thread while this one's parts are written.
+GATHER_ROWS = 1 << 18
+
+
 def _bucketed_batches(
     shard: ShardRows, key_dtype: str, schema: pa.Schema, buffer_size: int, out: list[int]
 ) -> Iterator[pa.RecordBatch]:
     """Batches of one bucket each, at most ``buffer_size`` rows; ``out`` gets their buckets.
 
-    Rows are gathered into bucket order one part at a time, so the shard is never copied
-    whole.
+    Rows are gathered into bucket order a chunk of whole buckets at a time (one ``take``
+    per column and chunk), so the shard is never copied whole; each part is a zero-copy
+    slice of its chunk.
     """
     order, counts = group_by_bucket(shard.keys, key_dtype)
     ends = np.cumsum(counts)
-    for bucket in np.flatnonzero(counts):
-        bucket_end = int(ends[bucket])
-        for start in range(bucket_end - int(counts[bucket]), bucket_end, buffer_size):
-            index = order[start : min(start + buffer_size, bucket_end)]
-            # np.take gathers rows about twice as fast as fancy indexing
-            columns = {n: np.take(c, index, axis=0) for n, c in shard.columns.items()}
-            values = columns.pop(VALUE_COLUMN)
-            out.append(int(bucket))
-            yield batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
+    chunks = _chunks(ends, GATHER_ROWS)
+
+    def gather(chunk: tuple[int, int]) -> pa.RecordBatch:
+        start, end = int(ends[chunk[0]] - counts[chunk[0]]), int(ends[chunk[1] - 1])
+        index = order[start:end]
+        # np.take gathers rows about twice as fast as fancy indexing
+        columns = {n: np.take(c, index, axis=0) for n, c in shard.columns.items()}
+        values = columns.pop(VALUE_COLUMN)
+        return batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
+
+    for (first, last), batch in zip(chunks, map_ahead(gather, chunks, depth=1), strict=True):
+        base = int(ends[first] - counts[first])
+        for bucket in range(first, last):
+            bucket_end = int(ends[bucket]) - base
+            for start in range(bucket_end - int(counts[bucket]), bucket_end, buffer_size):
+                out.append(bucket)
+                yield batch.slice(start, min(buffer_size, bucket_end - start))
+
+
+def _chunks(ends: np.ndarray, rows: int) -> list[tuple[int, int]]:
+    """``[first, last)`` bucket ranges of about ``rows`` rows each (whole buckets), that
+    cover every row; ``ends`` is the cumulative row count of the buckets."""
+    starts = ends - np.diff(ends, prepend=0)
+    crossing = np.searchsorted(ends, np.arange(rows, int(ends[-1]), rows))
+    edges = np.unique(np.concatenate([[0], crossing + 1, [len(ends)]]))
+    return [(int(a), int(b)) for a, b in itertools.pairwise(edges) if ends[b - 1] > starts[a]]
 
 
 def _string_keys(keys: np.ndarray) -> np.ndarray:
@@ -104,10 +130,33 @@ def write_shard(
     return ShardRecord(
         rank=rank,
         shard=global_shard,
-        info=shard_info.to_dict(),
+        info=_as_dict(shard_info),
         num_buckets=choose_num_buckets(shard.rows),
         part_buckets=part_buckets,
     )
+
+
+def _as_dict(value: Any) -> Any:
+    """``dataclasses.asdict`` of a record of plain values (what ``ShardInfo.to_dict``
+    returns), without its deep copies: a shard of 5040 parts has about 20,000 records."""
+    fields = _FIELDS.get(type(value))
+    if fields is None:
+        fields = _FIELDS[type(value)] = _field_names(type(value))
+    if fields:
+        return {name: _as_dict(getattr(value, name)) for name in fields}
+    if isinstance(value, tuple | list):
+        return type(value)(_as_dict(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _as_dict(item) for key, item in value.items()}
+    return value
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The field names of a dataclass, none for other types."""
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else ()
 
 
 def tombstone_rows(rows: VariableRows) -> VariableRows:

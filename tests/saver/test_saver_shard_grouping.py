@@ -1,0 +1,91 @@
+"""A shard file's rows grouped by key bucket: gathered a chunk of whole buckets at a time.
+
+Every part holds the rows of the one bucket the record names, parts go in bucket order,
+a bucket larger than ``buffer_size`` rows spans several parts, and chunk boundaries never
+split or reorder a bucket. The record's shard info is exactly what the format returned.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from de_store.backends import open_backend
+from de_store.formats import ExtraColumn, SchemaInfo, batch_from_numpy, get_format
+from de_store.saver import shards
+from de_store.saver.buckets import choose_num_buckets
+from de_store.saver.manifest import ColumnSpec
+from de_store.saver.variable_rows import VALUE_COLUMN, ShardRows, VariableRows
+
+ROWS = 30_000  # 12 buckets of about 2,500 rows
+
+
+def variable_rows(count: int) -> VariableRows:
+    rng = np.random.default_rng(7)
+    keys = rng.permutation(np.arange(count, dtype=np.int64) * 7919 - 10**6)
+    values = rng.standard_normal((count, 4), dtype=np.float32)
+    slots = rng.standard_normal((count, 4), dtype=np.float32)
+    columns = {VALUE_COLUMN: ColumnSpec("float32", 4), "adam_m": ColumnSpec("float32", 4)}
+    shard = ShardRows(keys, {VALUE_COLUMN: values, "adam_m": slots})
+    return VariableRows("emb", "int64", "float32", 4, columns, [shard])
+
+
+@pytest.mark.parametrize("gather_rows", [1, 6_000, 1 << 20])
+def test_parts_hold_one_bucket_each_across_gather_chunks(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, gather_rows: int
+) -> None:
+    monkeypatch.setattr(shards, "GATHER_ROWS", gather_rows)
+    rows = variable_rows(ROWS)
+    backend = open_backend(str(tmp_path))
+    record = shards.write_shard(backend, rows, 0, rank=0, global_shard=0, format_name="parquet",
+                                buffer_size=1000)  # fmt: skip
+    buckets = choose_num_buckets(ROWS)
+    assert (record.num_buckets, buckets) == (12, 12)
+    file = pq.ParquetFile(tmp_path / record.info["path"])
+    assert file.metadata.num_row_groups == len(record.part_buckets)
+    assert record.part_buckets == sorted(record.part_buckets)
+    assert set(record.part_buckets) == set(range(buckets))
+    for index, bucket in enumerate(record.part_buckets):
+        part = file.read_row_group(index)
+        assert 0 < part.num_rows <= 1000
+        assert set(np.mod(part.column("key").to_numpy(), buckets)) == {bucket}
+    table = file.read().sort_by("key")
+    order = np.argsort(rows.shards[0].keys)
+    source = rows.shards[0]
+    np.testing.assert_array_equal(table.column("key").to_numpy(), source.keys[order])
+    for name in (VALUE_COLUMN, "adam_m"):
+        found = np.stack(table.column(name).to_numpy(zero_copy_only=False))
+        np.testing.assert_array_equal(found, source.columns[name][order])
+
+
+def test_empty_shard_has_no_parts(tmp_path) -> None:
+    rows = variable_rows(0)
+    record = shards.write_shard(open_backend(str(tmp_path)), rows, 0, rank=0, global_shard=0,
+                                format_name="parquet", buffer_size=1000)  # fmt: skip
+    assert (record.part_buckets, record.info["parts"], record.info["rows"]) == ([], (), 0)
+    assert pq.read_table(tmp_path / record.info["path"]).num_rows == 0
+
+
+@pytest.mark.parametrize("format_name", ["parquet", "arrow"])
+def test_record_info_is_the_shard_info_as_a_dict(tmp_path, format_name: str) -> None:
+    info = SchemaInfo(name="emb", dim=2, key_dtype="string", extras=(ExtraColumn("n", "int64"),))
+    keys = np.array(["b", "a", "zz", "q"], dtype=object)
+    batch = batch_from_numpy(keys, np.ones((4, 2), np.float32), {"n": np.arange(4)},
+                             schema=info.arrow_schema())  # fmt: skip
+    written = get_format(format_name).write(open_backend(str(tmp_path)), "s", [batch],
+                                            schema_info=info, buffer_size=3)  # fmt: skip
+    as_dict = shards._as_dict(written)
+    assert as_dict == written.to_dict()
+    assert type(as_dict["parts"]) is tuple and type(as_dict["parts"][0]["ranges"]) is tuple
+    assert as_dict["parts"][0]["min_key"] == "a"
+    assert as_dict["files"][0]["crc32c"] == written.files[0].crc32c
+
+
+def test_record_info_of_a_two_file_shard(tmp_path) -> None:
+    info = SchemaInfo(name="emb", dim=2)
+    batch = batch_from_numpy(np.arange(5), np.ones((5, 2), np.float32), schema=info.arrow_schema())
+    written = get_format("binary").write(open_backend(str(tmp_path)), "s", [batch],
+                                         schema_info=info, buffer_size=2)  # fmt: skip
+    assert len(written.files) == 2
+    assert shards._as_dict(written) == written.to_dict()
