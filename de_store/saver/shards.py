@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from de_store.backends.base import Backend
 from de_store.formats import get_format
-from de_store.formats._shard import map_ahead
 from de_store.formats.base import ExtraColumn, SchemaInfo
 from de_store.formats.batches import batch_from_numpy
 from de_store.saver.buckets import choose_num_buckets, group_by_bucket
@@ -47,9 +46,8 @@ def schema_info(rows: VariableRows, shard_id: int) -> SchemaInfo:
     )
 
 
-#: Rows gathered into bucket order at a time: whole buckets, about this many rows. The
-#: next chunk is gathered in a thread while this one's parts are written.
-GATHER_ROWS = 1 << 18
+#: Rows gathered into bucket order at a time: whole buckets, about this many rows.
+GATHER_ROWS = 1 << 15
 
 
 def _bucketed_batches(
@@ -73,7 +71,8 @@ def _bucketed_batches(
         values = columns.pop(VALUE_COLUMN)
         return batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
 
-    for (first, last), batch in zip(chunks, map_ahead(gather, chunks, depth=1), strict=True):
+    for first, last in chunks:
+        batch = gather((first, last))
         base = int(ends[first] - counts[first])
         for bucket in range(first, last):
             bucket_end = int(ends[bucket]) - base
