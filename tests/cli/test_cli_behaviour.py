@@ -13,26 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 
 import de_store as ds
-from de_store.cli import main
 from de_store.testing import servers
 from de_store.testing.sample import sample_checkpoint
 from de_store.testing.tfra_sample import tfra_sample
 
 #: The command, run from the de_store that this test imports.
 DE_STORE = [sys.executable, "-m", "de_store.cli"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return sample_checkpoint(str(tmp_path_factory.mktemp("ckpt")), rows=300, step=12)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_version_comes_from_the_package_metadata(capsys) -> None:

@@ -8,11 +8,10 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 import tensorflow as tf
+from cli_helpers import run
 
 import de_store as ds
-from de_store.cli import main
 
 
 def build_chain(directory: Path) -> None:
@@ -27,12 +26,6 @@ def build_chain(directory: Path) -> None:
     ds.save([variable], str(directory / "ckpt-2"), incremental=True, blocking=True)
     variable.upsert(tf.constant([4, 300], tf.int64), tf.zeros([2, 2]))
     ds.save([variable], str(directory / "ckpt-3"), incremental=True, blocking=True)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_verify_counts_tombstones_apart_from_rows(capsys, tmp_path: Path) -> None:

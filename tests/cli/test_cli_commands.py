@@ -9,20 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 
 from de_store.cli import main
 from de_store.testing.sample import sample_checkpoint
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return sample_checkpoint(str(tmp_path_factory.mktemp("ckpt")), rows=300, step=12)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_inspect_json_describes_variables_and_topology(capsys, checkpoint: str) -> None:
