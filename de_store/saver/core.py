@@ -17,7 +17,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -479,6 +479,7 @@ def restore_checkpoint(
     name: str,
     topology: Topology,
     options: IOOptions,
+    check_manifest: Callable[[Manifest], None] | None = None,
 ) -> Manifest:
     """Restore each variable's keys that belong to this rank; all or nothing.
 
@@ -491,6 +492,9 @@ def restore_checkpoint(
     link holds a key twice is found while the rows are loaded, after the table was
     emptied: that variable is left empty.
 
+    ``check_manifest`` is called with the manifest before anything else is read (the TF
+    hook checks there that it is bound to the TF checkpoint being restored).
+
     Raises
     ------
     CheckpointCorruptError
@@ -498,6 +502,8 @@ def restore_checkpoint(
     """
     start = time.perf_counter()
     folder, manifest = options.retry.call(lambda: read_manifest(backend, name))
+    if check_manifest is not None:
+        check_manifest(manifest)
     where = f"{backend.url.rstrip('/')}/{name}"
     chains = [_chain_of(backend, name, folder, manifest, v.name, options) for v in variables]
     for variable, chain in zip(variables, chains, strict=True):

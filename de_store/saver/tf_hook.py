@@ -32,7 +32,6 @@ from tensorflow.python.trackable import base as trackable_base
 
 from de_store.backends import open_location
 from de_store.saver import at_exit, binding, core, gc, incremental, tf_compat
-from de_store.saver.commit import read_manifest
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.rows import VariableRows, io_device_scope
 
@@ -245,10 +244,15 @@ def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
         saver = saver_of(variables[0]) or FileSystemSaver()
         backend, folder = open_location(url, saver.storage_options)
         checkpoint_id = ids[url]
-        if checkpoint_id is not None:  # TF checkpoints saved before ids were written: none
-            found = saver.options.retry.call(functools.partial(read_manifest, backend, folder))[1]
-            binding.check_binding(found, url, prefix, checkpoint_id)
-        core.restore_checkpoint(variables, backend, folder, saver.topology, saver.options)
+        check = (  # TF checkpoints saved before ids were written have none
+            None
+            if checkpoint_id is None
+            else functools.partial(binding.check_binding, where=url, tf_prefix=prefix,
+                                   checkpoint_id=checkpoint_id)
+        )  # fmt: skip
+        core.restore_checkpoint(
+            variables, backend, folder, saver.topology, saver.options, check_manifest=check
+        )
 
 
 def _checkpoint_id(reader: Any, name: str) -> str | None:
