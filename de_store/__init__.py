@@ -19,6 +19,8 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree, not i
 if TYPE_CHECKING:
     from de_store.compact import compact
     from de_store.embedding import TrainableWrapper, embedding_lookup
+    from de_store.modes import ModelMode, enable_inference_mode, enable_train_mode, get_model_mode
+    from de_store.optimizers import DynamicEmbeddingOptimizer
     from de_store.partition import default_partition_fn
     from de_store.restrict import (
         FrequencyRestrictPolicy,
@@ -27,12 +29,25 @@ if TYPE_CHECKING:
     )
     from de_store.saver import FileSystemSaver, SaveHandle, restore, save
     from de_store.saver.incremental import IncrementalPolicy
+    from de_store.sparse_lookup import (
+        embedding_lookup_sparse,
+        embedding_lookup_unique,
+        safe_embedding_lookup_sparse,
+    )
     from de_store.variable import HashTableCreator, Variable, get_variable
 
 #: public name -> module that defines it (imported on first access)
 _LAZY_NAMES = {
     "TrainableWrapper": "de_store.embedding",
     "embedding_lookup": "de_store.embedding",
+    "ModelMode": "de_store.modes",
+    "enable_inference_mode": "de_store.modes",
+    "enable_train_mode": "de_store.modes",
+    "get_model_mode": "de_store.modes",
+    "DynamicEmbeddingOptimizer": "de_store.optimizers",
+    "embedding_lookup_sparse": "de_store.sparse_lookup",
+    "embedding_lookup_unique": "de_store.sparse_lookup",
+    "safe_embedding_lookup_sparse": "de_store.sparse_lookup",
     "default_partition_fn": "de_store.partition",
     "FrequencyRestrictPolicy": "de_store.restrict",
     "RestrictPolicy": "de_store.restrict",
@@ -65,20 +80,28 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "compact",
+    "default_partition_fn",
+    "DynamicEmbeddingOptimizer",
+    "embedding_lookup",
+    "embedding_lookup_sparse",
+    "embedding_lookup_unique",
+    "enable_inference_mode",
+    "enable_train_mode",
     "FileSystemSaver",
     "FrequencyRestrictPolicy",
+    "get_model_mode",
+    "get_variable",
     "HashTableCreator",
     "IncrementalPolicy",
+    "ModelMode",
+    "restore",
     "RestrictPolicy",
+    "safe_embedding_lookup_sparse",
+    "save",
     "SaveHandle",
     "TimestampRestrictPolicy",
     "TrainableWrapper",
     "Variable",
     "__version__",
-    "compact",
-    "default_partition_fn",
-    "embedding_lookup",
-    "get_variable",
-    "restore",
-    "save",
 ]
