@@ -1,57 +1,75 @@
 """Differentiable lookups: ``embedding_lookup`` and the per-batch ``TrainableWrapper``.
 
-A lookup reads the rows of the batch's unique ids into a dense, trainable ``tf.Variable``
-(the wrapper's ``rows``) and gathers the output from it, so ``tf.GradientTape`` sees an
-ordinary variable gradient (``IndexedSlices``; duplicate ids aggregate). A de_store
-optimizer recognises the wrapper and writes the update back to the tables for those ids.
+A lookup reads the rows of the batch's unique ids into a :class:`TrainableWrapper`, a
+``tf.Variable`` of shape ``[u, dim]`` (a ``ResourceVariable`` subclass, as in TFRA), and
+gathers the output from it, so ``tf.GradientTape`` sees an ordinary variable gradient
+(``IndexedSlices``; duplicate ids aggregate) and any optimizer accepts the wrapper. A
+de_store optimizer (:func:`de_store.DynamicEmbeddingOptimizer`) recognises the wrapper and
+writes the update back to the tables for those ids. In inference mode
+(:func:`de_store.enable_inference_mode`) a lookup reads the tables and touches no wrapper.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
+from de_store import modes
 from de_store.variable import Variable
 
 
-class TrainableWrapper:
-    """The rows, ids and existence flags of the last batch looked up under one name.
+class TrainableWrapper(resource_variable_ops.ResourceVariable):
+    """The rows of the last batch looked up under one name: a trainable ``tf.Variable``.
+
+    Its value is ``[u, dim]``, the rows of the batch's ``u`` unique ids, read from the
+    tables by the lookup. Hand it (or ``Variable.trainable_variables``) to
+    ``tape.gradient`` and to the optimizer.
 
     Attributes
     ----------
-    params: the :class:`Variable` the rows came from.
-    rows: trainable ``[u, dim]`` variable holding the rows of the batch's unique ids.
-    ids: ``[u]`` unique ids of the batch.
+    params: the :class:`~de_store.Variable` the rows came from.
+    ids: ``[u]`` unique ids of the batch (a non-trainable variable).
     existed: ``[u]`` whether each id was in the table at lookup time.
     """
 
     def __init__(self, params: Variable, name: str) -> None:
-        self.params = params
         device = params.devices[0]
-        with tf.init_scope():
-            with tf.device(device):
-                self.rows = tf.Variable(
-                    tf.zeros([0, params.dim], params.value_dtype),
-                    shape=tf.TensorShape([None, params.dim]),
-                    trainable=params.trainable,
-                    name=f"{params.name}/{name}/rows".replace(":", "_"),
-                )
-                self.existed = tf.Variable(
-                    tf.zeros([0], tf.bool), shape=tf.TensorShape([None]), trainable=False
-                )
+        with tf.init_scope(), tf.device(device):
+            super().__init__(
+                # one row, as TFRA's: optimizers that fill a slot in the variable's shape
+                # (tf.compat.v1 Adagrad, RMSProp) then show the slot's initial row
+                initial_value=tf.zeros([1, params.dim], params.value_dtype),
+                shape=tf.TensorShape([None, params.dim]),
+                trainable=params.trainable,
+                name=f"{params.name}/{name}/rows".replace(":", "_"),
+            )
+            self.existed = tf.Variable(
+                tf.zeros([0], tf.bool), shape=tf.TensorShape([None]), trainable=False
+            )
             with tf.device("/device:CPU:0" if params.key_dtype == tf.string else device):
                 self.ids = tf.Variable(
                     tf.zeros([0], params.key_dtype), shape=tf.TensorShape([None]), trainable=False
                 )
-        self.rows._de_store_wrapper = self  # type: ignore[attr-defined]
+        self.params = params
+        self.lookup_name = name
 
-    def load(self, unique_ids: tf.Tensor) -> None:
-        """Read the rows of ``unique_ids`` from the tables into ``rows``."""
+    @property
+    def rows(self) -> TrainableWrapper:
+        """The variable holding the batch rows: the wrapper itself."""
+        return self
+
+    def load(self, unique_ids: tf.Tensor) -> list[Any]:
+        """Read the rows of ``unique_ids`` from the tables into this variable; the assign
+        ops (in a ``tf.compat.v1`` graph, reads must depend on them)."""
         values, existed = self.params.lookup(unique_ids, return_exists=True)
-        self.ids.assign(unique_ids)
-        self.existed.assign(existed)
-        self.rows.assign(values)
+        return [
+            self.ids.assign(unique_ids),
+            self.existed.assign(existed),
+            self.assign(values),
+        ]
 
 
 def trainable_wrapper(params: Variable, name: str = "lookup") -> TrainableWrapper:
@@ -64,39 +82,87 @@ def trainable_wrapper(params: Variable, name: str = "lookup") -> TrainableWrappe
 
 
 def wrapper_of(variable: Any) -> TrainableWrapper | None:
-    """The :class:`TrainableWrapper` whose ``rows`` is ``variable``, else ``None``."""
-    return getattr(variable, "_de_store_wrapper", None)
+    """``variable`` if it is a :class:`TrainableWrapper`, else ``None``."""
+    return variable if isinstance(variable, TrainableWrapper) else None
+
+
+def trainable_wrapper_filter(
+    items: Iterable[Any], test_unaggregated_function: Any = None
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Split ``items`` into ``(others, wrappers)``, as TFRA's function of this name does.
+
+    ``test_unaggregated_function(item)`` picks the second group; by default, items that are
+    :class:`TrainableWrapper` s.
+    """
+    test = test_unaggregated_function or (lambda item: wrapper_of(item) is not None)
+    others: list[Any] = []
+    wrappers: list[Any] = []
+    for item in items:
+        (wrappers if test(item) else others).append(item)
+    return tuple(others), tuple(wrappers)
 
 
 def embedding_lookup(
-    params: Variable,
+    params: Variable | list[Variable] | tuple[Variable, ...],
     ids: Any,
-    name: str = "lookup",
+    partition_strategy: Any = None,
+    name: str | None = None,
+    validate_indices: Any = None,
     max_norm: float | None = None,
     return_trainable: bool = False,
 ) -> Any:
     """Look ``ids`` up in ``params``, differentiably; shape ``ids.shape + [dim]``.
 
+    The arguments and their order are TFRA's (and ``tf.nn.embedding_lookup``'s).
+
     Parameters
     ----------
     params:
-        The dynamic embedding :class:`~de_store.Variable`.
+        The dynamic embedding :class:`~de_store.Variable`, or a list holding one.
     ids:
-        Keys of any shape, of ``params.key_dtype``.
+        Keys of any shape, of ``params.key_dtype``; a ``tf.RaggedTensor`` gives a ragged
+        result of the same row structure.
+    partition_strategy, validate_indices:
+        Accepted for TFRA's signature; unused.
     name:
         Lookups with different names keep separate batch rows, so several lookups (or
-        workers) on one Variable can be trained in one step.
+        workers) on one Variable can be trained in one step. Default ``"lookup"``.
     max_norm:
         If set, rows whose L2 norm exceeds it are scaled down to it (in the output only).
     return_trainable:
-        Also return the :class:`TrainableWrapper` whose ``rows`` receives the gradient.
+        Also return the :class:`TrainableWrapper` that receives the gradient.
     """
+    del partition_strategy, validate_indices
+    params = _one_variable(params)
+    if isinstance(ids, tf.RaggedTensor):
+        flat = embedding_lookup(params, ids.flat_values, None, name, None, max_norm, True)
+        out = ids.with_flat_values(flat[0])
+        return (out, flat[1]) if return_trainable else out
     ids = params._keys(ids)
+    if modes.get_model_mode() == modes.ModelMode.INFERENCE and not return_trainable:
+        out = params.lookup(ids)
+        return tf.clip_by_norm(out, max_norm, axes=[-1]) if max_norm is not None else out
     unique_ids, positions = tf.unique(tf.reshape(ids, [-1]), out_idx=tf.int32)
-    wrapper = trainable_wrapper(params, name)
-    wrapper.load(unique_ids)
-    flat = tf.gather(wrapper.rows, positions)
+    wrapper = trainable_wrapper(params, name or "lookup")
+    with tf.control_dependencies(wrapper.load(unique_ids)):
+        flat = tf.gather(wrapper, positions)
     if max_norm is not None:
         flat = tf.clip_by_norm(flat, max_norm, axes=[1])
     out = tf.reshape(flat, tf.concat([tf.shape(ids), [params.dim]], axis=0))
     return (out, wrapper) if return_trainable else out
+
+
+def _one_variable(params: Any) -> Variable:
+    """``params``, or the one Variable of a list of one (TFRA accepts both)."""
+    if isinstance(params, (list, tuple)):
+        if len(params) != 1:
+            raise ValueError(
+                f"embedding_lookup: expected one de_store Variable (or a list of one), "
+                f"got a list of {len(params)}"
+            )
+        params = params[0]
+    if not isinstance(params, Variable):
+        raise TypeError(
+            f"embedding_lookup: expected a de_store Variable as params, got {type(params).__name__}"
+        )
+    return params

@@ -1,28 +1,69 @@
-"""Sparse optimizers: Keras 3 SGD, Adagrad and Adam that update only the touched keys.
+"""Sparse optimizers: any Keras 3 or ``tf.compat.v1.train`` optimizer, extended to train
+dynamic embeddings by updating only the looked-up keys.
 
-Each class is the Keras optimizer of the same name, extended: a gradient for the ``rows``
-of a :class:`~de_store.embedding.TrainableWrapper` is aggregated per unique id and the
-update is written back to the dynamic tables for those ids only (overwritten, or added as a
-delta when the Variable has ``bp_v2``). Slot states live in companion tables of the
-Variable (``adagrad_accumulator``, ``adam_m``, ``adam_v``). Dense variables get the normal
-Keras update, so one optimizer trains a whole model, in ``model.fit`` or a custom loop.
+:func:`DynamicEmbeddingOptimizer` (TFRA's name) takes an optimizer and returns one of the
+same class that also accepts :class:`~de_store.embedding.TrainableWrapper` s. For each
+wrapper the update runs the optimizer's own update step on the batch rows: the slot states
+(momentum, velocity, accumulators ...) live per key in companion tables of the Variable;
+their rows for the batch ids are read into per-wrapper slot variables, the optimizer's
+update step runs on the rows, the slots and the aggregated gradient, and the new rows and
+slots are written back to the tables for those ids only (overwritten, or added as a delta
+when the Variable has ``bp_v2``). Ordinary variables get the optimizer's normal update, so
+one optimizer trains a whole model, in ``model.fit`` or a custom loop.
+
+Slot columns are named ``{optimizer}_{slot}`` (``rmsprop_velocity``, ``ftrl_linear``);
+Adam's and Adagrad's keep the names ``adam_m``, ``adam_v`` and ``adagrad_accumulator``.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from de_store import _v1_optimizers
+from de_store._slots import aggregate, slot_column, slot_initializer, write_back_rows
 from de_store.embedding import TrainableWrapper, wrapper_of
 from de_store.errors import VariableError
 
-Slot = tuple[Any, tf.Tensor, tf.Tensor, tf.Tensor]  # (companion, old, new, existed)
+
+class _RowSlots:
+    """A Keras optimizer whose slots for a wrapper are ``[None, dim]`` variables.
+
+    Keras creates a slot of the reference variable's shape; a wrapper's row count changes
+    with every batch, so its slots are variables of unknown row count, recorded with their
+    initializers for the companion tables.
+    """
+
+    def add_variable_from_reference(
+        self, reference_variable: Any, name: str | None = None, initializer: Any = "zeros"
+    ) -> Any:
+        wrapper = wrapper_of(reference_variable)
+        if wrapper is None:
+            return super().add_variable_from_reference(  # type: ignore[misc]
+                reference_variable, name=name, initializer=initializer
+            )
+        params = wrapper.params
+        with tf.init_scope(), tf.device(wrapper.device):
+            slot = tf.Variable(
+                tf.zeros([0, params.dim], params.value_dtype),
+                shape=tf.TensorShape([None, params.dim]),
+                trainable=False,
+                name=f"{params.name}/{name}".replace(":", "_"),
+            )
+        self._de_slots.append((name or "var", slot, initializer))  # type: ignore[attr-defined]
+        return slot
+
+
+@functools.cache
+def _rows_class(keras_class: type) -> type:
+    return type(f"Rows{keras_class.__name__}", (_RowSlots, keras_class), {})
 
 
 class _SparseMixin:
-    """Routes wrapper gradients to ``_sparse_step``, the rest to the Keras optimizer."""
+    """Routes wrapper gradients to :meth:`_apply_sparse`, the rest to the Keras optimizer."""
 
     def build(self, variables: list[Any]) -> None:
         super().build([v for v in variables if wrapper_of(v) is None])  # type: ignore[misc]
@@ -43,98 +84,106 @@ class _SparseMixin:
         self.iterations.assign_add(1)  # type: ignore[attr-defined]
         return None
 
+    def minimize(self, loss: Any, var_list: Any, tape: Any = None) -> Any:
+        """Minimise ``loss`` (a tensor computed under ``tape``, or a callable) over
+        ``var_list`` (a list, or a callable returning one: wrappers exist after the loss
+        has run)."""
+        if callable(loss):
+            with tf.GradientTape() as tape:
+                loss = loss()
+        if tape is None:
+            raise ValueError("minimize: a loss tensor needs the GradientTape it was computed on")
+        variables = list(var_list() if callable(var_list) else var_list)
+        grads = tape.gradient(loss, variables)
+        self.apply(grads, variables)
+        return self.iterations  # type: ignore[attr-defined]
+
+    def _keras_class(self) -> type:
+        return next(
+            c
+            for c in type(self).__mro__
+            if issubclass(c, keras.optimizers.Optimizer) and not issubclass(c, _SparseMixin)
+        )
+
+    def _rows_optimizer(self, wrapper: TrainableWrapper) -> Any:
+        """The optimizer (of this one's Keras class and config) that updates the rows of
+        ``wrapper``: built on it once, sharing this one's step count and learning rate."""
+        inners: dict[int, Any] = self.__dict__.setdefault("_de_rows", {})
+        inner = inners.get(id(wrapper))
+        if inner is None:
+            with tf.init_scope():
+                inner = _rows_class(self._keras_class()).from_config(self.get_config())  # type: ignore[attr-defined]
+                object.__setattr__(inner, "_de_slots", [])
+                inner.build([wrapper])
+                object.__setattr__(inner, "_iterations", self.iterations)  # type: ignore[attr-defined]
+                object.__setattr__(inner, "_learning_rate", self._learning_rate)  # type: ignore[attr-defined]
+            inners[id(wrapper)] = inner
+        return inner
+
     def _apply_sparse(self, grad: Any, wrapper: TrainableWrapper) -> None:
-        params = wrapper.params
-        ids, old = wrapper.ids, tf.convert_to_tensor(wrapper.rows)
-        grad = _aggregate(grad, tf.shape(ids)[0])
-        lr = tf.cast(self.learning_rate, params.value_dtype)  # type: ignore[attr-defined]
-        new, slots = self._sparse_step(params, ids, old, tf.cast(grad, old.dtype), lr)
-        params.write_back(ids, old, new, wrapper.existed)
-        for companion, slot_old, slot_new, slot_existed in slots:
-            companion.write_back(ids, slot_old, slot_new, slot_existed)
-        if params.restrict_policy is not None:
-            params.restrict_policy.apply_update(ids)
-
-    def _sparse_step(
-        self, params: Any, ids: tf.Tensor, old: tf.Tensor, grad: tf.Tensor, lr: tf.Tensor
-    ) -> tuple[tf.Tensor, list[Slot]]:
-        raise NotImplementedError
-
-
-def _aggregate(grad: Any, count: tf.Tensor) -> tf.Tensor:
-    """Sum an ``IndexedSlices`` gradient per row (duplicate ids add up)."""
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.math.unsorted_segment_sum(grad.values, grad.indices, count)
-    return tf.convert_to_tensor(grad)
-
-
-def _slot(params: Any, column: str, ids: tf.Tensor, init: float) -> tuple[Any, Any, Any]:
-    companion = params.companion(column, params.dim, params.value_dtype, initializer=init)
-    values, existed = companion.lookup(ids, return_exists=True)
-    return companion, values, existed
+        params, ids = wrapper.params, wrapper.ids
+        inner = self._rows_optimizer(wrapper)
+        keras_name = self._keras_class().__name__
+        slots = []
+        for name, slot, initializer in inner._de_slots:
+            column = slot_column(keras_name, name)
+            companion = params.companion(
+                column, params.dim, params.value_dtype, slot_initializer(initializer)
+            )
+            values, existed = companion.lookup(ids, return_exists=True)
+            slot.assign(values)
+            slots.append((companion, values, existed, slot))
+        old = tf.convert_to_tensor(wrapper)
+        grad = tf.cast(aggregate(grad, tf.shape(ids)[0]), old.dtype)
+        if getattr(inner, "weight_decay", None):
+            inner._apply_weight_decay([wrapper])
+        inner._backend_update_step([grad], [wrapper], inner.learning_rate)
+        write_back_rows(wrapper, old, slots)
 
 
 class SGD(_SparseMixin, keras.optimizers.SGD):
-    """``keras.optimizers.SGD`` (without momentum for dynamic embeddings) + sparse updates."""
-
-    def _sparse_step(self, params, ids, old, grad, lr):  # type: ignore[no-untyped-def]
-        if self.momentum:
-            raise VariableError(
-                f"variable '{params.name}': de_store SGD supports momentum=0 for dynamic "
-                f"embeddings, got momentum={self.momentum}"
-            )
-        return old - lr * grad, []
+    """``keras.optimizers.SGD`` + sparse updates (slot ``sgd_momentum`` with momentum)."""
 
 
 class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
     """``keras.optimizers.Adagrad`` + sparse updates; slot ``adagrad_accumulator``."""
 
-    def _sparse_step(self, params, ids, old, grad, lr):  # type: ignore[no-untyped-def]
-        acc, acc_old, acc_existed = _slot(
-            params, "adagrad_accumulator", ids, self.initial_accumulator_value
-        )
-        acc_new = acc_old + grad * grad
-        new = old - lr * grad / tf.sqrt(acc_new + self.epsilon)
-        return new, [(acc, acc_old, acc_new, acc_existed)]
-
 
 class Adam(_SparseMixin, keras.optimizers.Adam):
     """``keras.optimizers.Adam`` + sparse updates; slots ``adam_m`` and ``adam_v``."""
 
-    def _sparse_step(self, params, ids, old, grad, lr):  # type: ignore[no-untyped-def]
-        if self.amsgrad:
-            raise VariableError(
-                f"variable '{params.name}': de_store Adam supports amsgrad=False for dynamic "
-                "embeddings, got amsgrad=True"
-            )
-        step = tf.cast(self.iterations + 1, old.dtype)
-        alpha = lr * tf.sqrt(1 - self.beta_2**step) / (1 - self.beta_1**step)
-        m, m_old, m_existed = _slot(params, "adam_m", ids, 0.0)
-        v, v_old, v_existed = _slot(params, "adam_v", ids, 0.0)
-        m_new = m_old + (grad - m_old) * (1 - self.beta_1)
-        v_new = v_old + (grad * grad - v_old) * (1 - self.beta_2)
-        new = old - alpha * m_new / (tf.sqrt(v_new) + self.epsilon)
-        return new, [(m, m_old, m_new, m_existed), (v, v_old, v_new, v_existed)]
 
-
-_SPARSE_CLASSES: dict[type, Any] = {
+_NAMED_CLASSES: dict[type, type] = {
     keras.optimizers.SGD: SGD,
     keras.optimizers.Adagrad: Adagrad,
     keras.optimizers.Adam: Adam,
 }
 
 
-def DynamicEmbeddingOptimizer(optimizer: keras.optimizers.Optimizer) -> Any:
-    """Return a copy of a Keras SGD, Adagrad or Adam that also trains dynamic embeddings.
+@functools.cache
+def _sparse_class(keras_class: type) -> type:
+    named = _NAMED_CLASSES.get(keras_class)
+    if named is not None:
+        return named
+    return type(keras_class.__name__, (_SparseMixin, keras_class), {"__module__": __name__})
 
-    The name follows TFRA's ``dynamic_embedding.DynamicEmbeddingOptimizer``.
+
+def DynamicEmbeddingOptimizer(optimizer: Any) -> Any:
+    """Return an optimizer of ``optimizer``'s class and settings that also trains
+    dynamic embeddings (TFRA's ``dynamic_embedding.DynamicEmbeddingOptimizer``).
+
+    ``optimizer`` is any Keras 3 optimizer (``keras.optimizers.Adam``, ``RMSprop``,
+    ``Ftrl`` ...) or any ``tf.compat.v1.train.Optimizer``. A Keras optimizer is copied
+    through its config; a ``tf.compat.v1`` optimizer is extended in place and returned.
     """
-    if isinstance(optimizer, _SparseMixin):
+    if isinstance(optimizer, (_SparseMixin, _v1_optimizers.V1Sparse)):
         return optimizer
-    sparse_cls = _SPARSE_CLASSES.get(type(optimizer))
-    if sparse_cls is None:
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return _v1_optimizers.extend(optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise VariableError(
-            f"optimizer '{optimizer.name}': expected keras SGD, Adagrad or Adam, "
-            f"got {type(optimizer).__name__}"
+            "DynamicEmbeddingOptimizer: expected a Keras optimizer or a "
+            f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}"
         )
-    return sparse_cls.from_config(optimizer.get_config())
+    sparse_class: Any = _sparse_class(type(optimizer))  # type: ignore[arg-type]
+    return sparse_class.from_config(optimizer.get_config())

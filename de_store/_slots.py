@@ -1,0 +1,58 @@
+"""What the sparse optimizers share: gradient aggregation, slot column names and
+initializers, and writing trained rows and slots back to the tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+#: Slot columns named before every optimizer's slots were kept: Adam's and Adagrad's.
+_COLUMNS = {
+    ("adam", "momentum"): "adam_m",
+    ("adam", "velocity"): "adam_v",
+    ("adagrad", "accumulator"): "adagrad_accumulator",
+}
+
+Slot = tuple[Any, tf.Tensor, tf.Tensor, Any]  # (companion, old rows, existed, slot variable)
+
+
+def aggregate(grad: Any, count: tf.Tensor) -> tf.Tensor:
+    """Sum an ``IndexedSlices`` gradient per row (duplicate ids add up)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.math.unsorted_segment_sum(grad.values, grad.indices, count)
+    return tf.convert_to_tensor(grad)
+
+
+def slot_column(optimizer: str, slot: str) -> str:
+    """The companion column of slot ``slot`` of optimizer class ``optimizer``."""
+    key = (optimizer.lower(), slot)
+    return _COLUMNS.get(key, f"{key[0]}_{slot}")
+
+
+def slot_initializer(initializer: Any) -> Any:
+    """The companion initializer of a Keras slot initializer: ``None`` for zeros, a
+    constant, or the initializer itself (a callable of ``shape`` and ``dtype``)."""
+    if initializer is None:
+        return None
+    if isinstance(initializer, (int, float)):
+        return float(initializer)
+    initializer = keras.initializers.get(initializer)
+    if isinstance(initializer, keras.initializers.Zeros):
+        return None
+    if isinstance(initializer, keras.initializers.Ones):
+        return 1.0
+    if isinstance(initializer, keras.initializers.Constant):
+        return float(initializer.value)
+    return initializer
+
+
+def write_back_rows(wrapper: Any, old: tf.Tensor, slots: list[Slot]) -> None:
+    """Write the wrapper's trained rows and each slot's new rows to their tables."""
+    params, ids = wrapper.params, wrapper.ids
+    params.write_back(ids, old, tf.convert_to_tensor(wrapper), wrapper.existed)
+    for companion, slot_old, slot_existed, slot in slots:
+        companion.write_back(ids, slot_old, tf.convert_to_tensor(slot), slot_existed)
+    if params.restrict_policy is not None:
+        params.restrict_policy.apply_update(ids)

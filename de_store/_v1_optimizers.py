@@ -1,0 +1,127 @@
+"""``tf.compat.v1.train`` optimizers extended to train dynamic embeddings.
+
+:func:`extend` turns an optimizer into one of a subclass of its own class whose slots for a
+:class:`~de_store.embedding.TrainableWrapper` are ``[None, dim]`` variables (a wrapper's
+row count changes with every batch). ``apply_gradients`` reads each wrapper's slot rows
+from the companion tables, lets the optimizer's own kernels update rows and slots, and
+writes both back to the tables for the batch ids.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.training import optimizer as v1_optimizer
+
+from de_store._slots import Slot, aggregate, slot_column, write_back_rows
+from de_store.embedding import TrainableWrapper, wrapper_of
+
+
+class V1Sparse:
+    """Mixed into a ``tf.compat.v1.train.Optimizer`` class by :func:`extend`."""
+
+    # -- slots of wrappers --------------------------------------------------------------
+    def _zeros_slot(self, var: Any, slot_name: str, op_name: str) -> Any:
+        wrapper = wrapper_of(var)
+        if wrapper is None:
+            return super()._zeros_slot(var, slot_name, op_name)  # type: ignore[misc]
+        return self._row_slot(wrapper, slot_name, None)
+
+    def _get_or_make_slot_with_initializer(
+        self, var: Any, initializer: Any, shape: Any, dtype: Any, slot_name: str, op_name: str
+    ) -> Any:
+        wrapper = wrapper_of(var)
+        if wrapper is None:
+            return super()._get_or_make_slot_with_initializer(  # type: ignore[misc]
+                var, initializer, shape, dtype, slot_name, op_name
+            )
+        return self._row_slot(wrapper, slot_name, initializer)
+
+    def _row_slot(self, wrapper: TrainableWrapper, slot_name: str, initializer: Any) -> Any:
+        named = self._slot_dict(slot_name)  # type: ignore[attr-defined]
+        key = v1_optimizer._var_key(wrapper)
+        if key not in named:
+            params = wrapper.params
+            with tf.init_scope(), tf.device(wrapper.device):
+                named[key] = tf.Variable(
+                    tf.zeros([0, params.dim], params.value_dtype),
+                    shape=tf.TensorShape([None, params.dim]),
+                    trainable=False,
+                    name=f"{params.name}/{slot_name}".replace(":", "_"),
+                )
+                self.__dict__.setdefault("_de_initial_rows", {})[slot_name] = _initial_row(
+                    initializer, wrapper
+                )
+        return named[key]
+
+    # -- the update -----------------------------------------------------------------------
+    def apply_gradients(
+        self, grads_and_vars: Any, global_step: Any = None, name: Any = None
+    ) -> Any:
+        pairs, loaded = [], []
+        for grad, var in grads_and_vars:
+            wrapper = wrapper_of(var)
+            if wrapper is not None and grad is not None:
+                with tf.init_scope():
+                    self._create_slots([wrapper])  # type: ignore[attr-defined]
+                loaded.append((wrapper, tf.convert_to_tensor(wrapper), self._load_slots(wrapper)))
+                grad = aggregate(grad, tf.shape(wrapper.ids)[0])
+            pairs.append((grad, var))
+        op = super().apply_gradients(pairs, global_step, name)  # type: ignore[misc]
+        with tf.control_dependencies([] if op is None else [op]):
+            for wrapper, old, slots in loaded:
+                write_back_rows(wrapper, old, slots)
+        return op
+
+    def _load_slots(self, wrapper: TrainableWrapper) -> list[Slot]:
+        params, ids = wrapper.params, wrapper.ids
+        optimizer = type(self).__name__.removesuffix("Optimizer")
+        initial_rows = self.__dict__.get("_de_initial_rows", {})
+        slots = []
+        for slot_name in sorted(self.get_slot_names()):  # type: ignore[attr-defined]
+            slot = self.get_slot(wrapper, slot_name)  # type: ignore[attr-defined]
+            if slot is None:
+                continue
+            companion = params.companion(
+                slot_column(optimizer, slot_name),
+                params.dim,
+                params.value_dtype,
+                initial_rows.get(slot_name),
+            )
+            values, existed = companion.lookup(ids, return_exists=True)
+            slot.assign(values)
+            slots.append((companion, values, existed, slot))
+        return slots
+
+
+def _initial_row(initializer: Any, wrapper: TrainableWrapper) -> np.ndarray | None:
+    """The row a slot starts from: ``None`` for zeros.
+
+    ``initializer`` is an initializer of ``shape`` and ``dtype``, or (for a variable of
+    unknown shape) a tensor or a function of no arguments filling the wrapper's current
+    shape, which has a row from its creation on.
+    """
+    if initializer is None:
+        return None
+    if callable(initializer):
+        params = wrapper.params
+        try:
+            initializer = initializer(shape=[1, params.dim], dtype=params.value_dtype)
+        except TypeError:
+            initializer = initializer()
+    return np.asarray(initializer)[0]
+
+
+@functools.cache
+def _extended_class(v1_class: type) -> type:
+    return type(v1_class.__name__, (V1Sparse, v1_class), {"__module__": __name__})
+
+
+def extend(optimizer: Any) -> Any:
+    """Make ``optimizer`` (a ``tf.compat.v1.train.Optimizer``) train dynamic embeddings
+    too, in place, and return it."""
+    optimizer.__class__ = _extended_class(type(optimizer))  # type: ignore[arg-type]
+    return optimizer
