@@ -56,6 +56,12 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         self.params = params
         self.lookup_name = name
 
+    def _trackable_children(self, save_type: Any = "checkpoint", **kwargs: Any) -> Any:
+        children = super()._trackable_children(save_type, **kwargs)
+        if save_type == "savedmodel":  # the batch state a served lookup writes
+            children.update(ids=self.ids, existed=self.existed)
+        return children
+
     @property
     def rows(self) -> TrainableWrapper:
         """The variable holding the batch rows: the wrapper itself."""

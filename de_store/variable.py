@@ -440,7 +440,10 @@ class Variable(tf.Module):
         # With a saver the tables go through it (de_store.saver.tf_hook), not TF's bundle.
         if not self.checkpoint or (self.saver is not None and save_type == "checkpoint"):
             return {}
-        return super()._trackable_children(save_type, **kwargs)
+        children = super()._trackable_children(save_type, **kwargs)
+        if save_type == "savedmodel":  # a served function may look up through a wrapper
+            children.update({f"lookup_{n}": w for n, w in self._wrappers.items()})
+        return children
 
     @tf.autograph.experimental.do_not_convert
     def _copy_trackable_to_cpu(self, object_map: Any) -> None:
