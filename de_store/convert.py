@@ -5,7 +5,7 @@
 - TFRA ``TFRADynamicEmbedding`` folder -> committed de_store checkpoint: TFRA's rank ``r``
   becomes rank ``r``, its table ``i`` shard ``i - 1`` of that rank.
 - de_store checkpoint -> TFRA layout: keys and values, ``num_tables`` = shards per rank,
-  partitioned by ``key mod num_tables`` as TFRA's default partitioner does.
+  partitioned into tables as TFRA's default partitioner does (``formats.tfra.table_of``).
 
 Rows are held one variable and one rank at a time.
 """

@@ -27,7 +27,10 @@ if TYPE_CHECKING:  # importing de_store.tables creates TF constants, which fixes
 
 _INT_KEYS = (tf.int32, tf.int64)
 _T = TypeVar("_T")
-_REGISTRY: weakref.WeakValueDictionary[str, Variable] = weakref.WeakValueDictionary()
+#: graph -> name -> Variable: as TFRA's, variables are kept per graph (eager code shares one)
+_REGISTRY: weakref.WeakKeyDictionary[Any, weakref.WeakValueDictionary[str, Variable]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _exclusive(method: Callable[..., _T]) -> Callable[..., _T]:
@@ -96,30 +99,41 @@ class Variable(tf.Module):
 
     change_base: ChangeBase | None
 
-    def __init__(
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Arguments as :func:`get_variable`'s: ``Variable(name, key_dtype, value_dtype,
+        dim, ...)``, or TFRA's order ``Variable(key_dtype, value_dtype, dim, devices,
+        partitioner, shared_name, name, initializer, ...)`` when the first positional
+        argument is not a name."""
+        tfra_order = bool(args) and not isinstance(args[0], str)
+        options = (_tfra_arguments if tfra_order else _arguments)(*args, **kwargs)
+        self._setup(**options)
+
+    def _setup(
         self,
         name: str,
-        key_dtype: tf.DType = tf.int64,
-        value_dtype: tf.DType = tf.float32,
-        dim: int = 1,
-        devices: str | Sequence[str] | None = None,
-        partitioner: Partitioner = default_partition_fn,
-        shared_name: str = "get_variable",
-        initializer: Any = None,
-        trainable: bool = True,
-        checkpoint: bool = True,
-        init_size: int = 0,
-        kv_creator: HashTableCreator | None = None,
-        restrict_policy: Callable[[Variable], Any] | None = None,
-        bp_v2: bool = False,
+        key_dtype: tf.DType,
+        value_dtype: tf.DType,
+        dim: int,
+        devices: str | Sequence[str] | None,
+        partitioner: Partitioner,
+        shared_name: str | None,
+        initializer: Any,
+        trainable: bool,
+        checkpoint: bool,
+        init_size: int,
+        kv_creator: HashTableCreator | None,
+        restrict_policy: Callable[[Variable], Any] | None,
+        bp_v2: bool,
+        short_file_name: bool,
     ) -> None:
         super().__init__(name=_module_name(name))
         self._full_name = name
         self.key_dtype, self.value_dtype = _check_dtypes(name, key_dtype, value_dtype)
         self.dim = _check_dim(name, dim)
         self.devices = _resolve_devices(name, devices)
-        self.partitioner, self.shared_name = partitioner, shared_name
+        self.partitioner, self.shared_name = partitioner, shared_name or "get_variable"
         self.trainable, self.checkpoint, self.bp_v2 = trainable, checkpoint, bp_v2
+        self.short_file_name = bool(short_file_name)
         self.init_size = int(init_size)
         self.kv_creator = kv_creator or HashTableCreator()
         self._initializer = _Initializer(name, initializer, self.value_dtype, self.dim)
@@ -141,6 +155,22 @@ class Variable(tf.Module):
     def shards(self) -> list[TableCore]:
         """The table cores, one per entry of ``devices``."""
         return list(self._shards)
+
+    @property
+    def trainable_store(self) -> dict[str, Any]:
+        """The trainable wrappers of this variable's lookups, by lookup name (TFRA's)."""
+        return dict(self._wrappers)
+
+    def get_trainable_by_name(self, name: str) -> Any:
+        """The trainable wrapper of the lookups called ``name``, or ``None`` (TFRA's)."""
+        return self._wrappers.get(name)
+
+    def get_slot_variables(self, optimizer: Any) -> list[Variable]:
+        """The companion Variables holding ``optimizer``'s slots for this variable, by
+        column name: columns are named ``{optimizer class}_{slot}`` (``adam_m``,
+        ``rmsprop_velocity``); empty if ``optimizer`` has not trained it."""
+        prefix = type(optimizer).__name__.removesuffix("Optimizer").lower() + "_"
+        return [c for column, c in sorted(self._companions.items()) if column.startswith(prefix)]
 
     @property
     def trainable_variables(self) -> tuple[tf.Variable, ...]:
@@ -190,13 +220,13 @@ class Variable(tf.Module):
             if values.dtype.is_floating or values.dtype.is_integer:
                 values = tf.cast(values, self.value_dtype)
             else:
-                raise VariableError(
+                raise InvalidValuesError(
                     f"variable '{self.name}': expected {what} of dtype "
                     f"{self.value_dtype.name}, got {values.dtype.name}"
                 )
         last = values.shape[-1] if values.shape.rank else None
         if last is not None and last != self.dim:
-            raise VariableError(
+            raise InvalidValuesError(
                 f"variable '{self.name}': expected {what} of shape [n, {self.dim}], "
                 f"got {values.shape.as_list()}"
             )
@@ -273,15 +303,55 @@ class Variable(tf.Module):
             with tf.device(device):
                 shard.load_distinct(shard_keys, self._for_shard(values, shard_pos))
 
+    def accum(
+        self,
+        keys: Any,
+        deltas: Any = None,
+        insert_missing: Any = True,
+        *tfra_exists: Any,
+        old_values: Any = None,
+        new_values: Any = None,
+        exists: Any = None,
+        name: str | None = None,
+    ) -> None:
+        """Add ``deltas`` to the rows of ``keys`` (duplicates sum); see ``TableCore.accum``.
+
+        TFRA's form ``accum(keys, old_values, new_values, exists)`` (positional or by
+        keyword) adds ``new_values - old_values`` to the keys that ``exists`` says were
+        present (if they still are), and inserts ``new_values`` for the others that are
+        still absent: the update of ``bp_v2`` training, as TFRA's kernel does it.
+        """
+        del name
+        if tfra_exists or new_values is not None or exists is not None:
+            old = deltas if old_values is None else old_values
+            new = insert_missing if new_values is None else new_values
+            existed = tfra_exists[0] if tfra_exists else exists
+            self._accum_trained(keys, old, new, existed)
+            return
+        self._accum_deltas(keys, deltas, bool(insert_missing))
+
     @_exclusive
-    def accum(self, keys: Any, deltas: Any, insert_missing: bool = True) -> None:
-        """Add ``deltas`` to the rows of ``keys`` (duplicates sum); see ``TableCore.accum``."""
+    def _accum_deltas(self, keys: Any, deltas: Any, insert_missing: bool) -> None:
         deltas = self._rows(deltas, what="deltas")
         for shard, device, (shard_keys, shard_pos) in zip(
             self._shards, self.devices, self.partition(keys), strict=True
         ):
             with tf.device(device):
                 shard.accum(shard_keys, self._for_shard(deltas, shard_pos), insert_missing)
+
+    @_exclusive
+    def _accum_trained(self, keys: Any, old: Any, new: Any, existed: Any) -> None:
+        keys = self._flat_keys(keys)
+        old, new = self._rows(old, "old_values"), self._rows(new, "new_values")
+        existed = tf.reshape(tf.convert_to_tensor(existed, tf.bool), [-1])
+        missing = tf.logical_not(existed)
+        missing_keys, missing_new = tf.boolean_mask(keys, missing), tf.boolean_mask(new, missing)
+        _, present = self._lookup_flat(missing_keys)
+        absent = tf.logical_not(present)
+        self.upsert(tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_new, absent))
+        self._accum_deltas(
+            tf.boolean_mask(keys, existed), tf.boolean_mask(new - old, existed), False
+        )
 
     @_exclusive
     def write_back(
@@ -315,10 +385,19 @@ class Variable(tf.Module):
             companion.remove(keys)
 
     @_exclusive
-    def size(self) -> tf.Tensor:
-        """Number of keys over all shards (int64 scalar)."""
+    def size(self, index: int | None = None, name: str | None = None) -> tf.Tensor:
+        """Number of keys over all shards, or in shard ``index`` (int64 scalar)."""
+        del name
+        pairs = list(zip(self._shards, self.devices, strict=True))
+        if index is not None:
+            if not 0 <= index < len(pairs):
+                raise VariableError(
+                    f"variable '{self.name}': expected a table index in [0, {len(pairs)}), "
+                    f"got {index}"
+                )
+            pairs = [pairs[index]]
         sizes = []
-        for shard, device in zip(self._shards, self.devices, strict=True):
+        for shard, device in pairs:
             with tf.device(device):
                 sizes.append(tf.cast(shard.size(), tf.int64))
         return tf.add_n(sizes)
@@ -454,6 +533,59 @@ class Variable(tf.Module):
 tf_hook.CheckpointedVariable.register(Variable)
 
 
+class InvalidValuesError(VariableError, tf.errors.InvalidArgumentError):
+    """Values of the wrong dtype or shape for a Variable.
+
+    Also TensorFlow's ``InvalidArgumentError``, the error TFRA raises there, so code
+    written for TFRA catches it.
+    """
+
+    def __init__(self, message: str) -> None:
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+def _arguments(
+    name: str,
+    key_dtype: tf.DType = tf.int64,
+    value_dtype: tf.DType = tf.float32,
+    dim: int = 1,
+    devices: str | Sequence[str] | None = None,
+    partitioner: Partitioner = default_partition_fn,
+    shared_name: str | None = "get_variable",
+    initializer: Any = None,
+    trainable: bool = True,
+    checkpoint: bool = True,
+    init_size: int = 0,
+    kv_creator: HashTableCreator | None = None,
+    restrict_policy: Callable[[Variable], Any] | None = None,
+    bp_v2: bool = False,
+    short_file_name: bool = False,
+) -> dict[str, Any]:
+    """The Variable's arguments in de_store's order (the name first)."""
+    return dict(locals())
+
+
+def _tfra_arguments(
+    key_dtype: tf.DType = tf.int64,
+    value_dtype: tf.DType = tf.float32,
+    dim: int = 1,
+    devices: str | Sequence[str] | None = None,
+    partitioner: Partitioner = default_partition_fn,
+    shared_name: str | None = None,
+    name: str = "DynamicEmbedding_Variable",
+    initializer: Any = None,
+    trainable: bool = True,
+    checkpoint: bool = True,
+    init_size: int = 0,
+    kv_creator: HashTableCreator | None = None,
+    restrict_policy: Callable[[Variable], Any] | None = None,
+    bp_v2: bool = False,
+    short_file_name: bool = False,
+) -> dict[str, Any]:
+    """The Variable's arguments in TFRA's order (the dtypes first)."""
+    return dict(locals())
+
+
 class _Initializer:
     """The rows given to missing keys: zeros, a constant, a ``[dim]`` row or a callable."""
 
@@ -468,6 +600,8 @@ class _Initializer:
             self._check_shape(self.rows(tf.constant(2)), "initializer output")
         else:
             array = np.asarray(initializer)
+            if array.ndim == 1 and array.shape[0] == 1:  # TFRA broadcasts a [1] row
+                array = array.reshape([])
             if array.ndim > 1 or (array.ndim == 1 and array.shape[0] != dim):
                 raise VariableError(
                     f"variable '{name}': expected an initializer of shape [] or [{dim}], "
@@ -562,30 +696,45 @@ def get_variable(
     kv_creator: HashTableCreator | None = None,
     restrict_policy: Callable[[Variable], Any] | None = None,
     bp_v2: bool = False,
+    short_file_name: bool = False,
 ) -> Variable:
-    """Get the :class:`Variable` called ``name`` in the current name scope, or create it.
+    """Get the :class:`Variable` called ``name`` in the current variable scope, or create it.
 
-    A second call with the same name returns the same Variable while it is alive; a call
-    that disagrees on ``dim``, ``key_dtype`` or ``value_dtype`` raises ``VariableError``.
-    Arguments follow TFRA's ``dynamic_embedding.get_variable``: one table shard per entry of
-    ``devices``, ``partitioner(keys, shard_num)`` picks the shard, ``initializer`` (number,
-    ``[dim]`` array or callable ``(shape, dtype)``) fills missing keys, ``init_size`` is
-    split across shards, ``checkpoint=False`` leaves the Variable out of checkpoints,
-    ``restrict_policy`` is a policy class instantiated with the Variable, and ``bp_v2``
-    makes optimizers add deltas instead of writing values.
+    As TFRA's ``dynamic_embedding.get_variable``: the name is prefixed by the enclosing
+    ``tf.compat.v1.variable_scope`` names (not by ``tf.name_scope``; not at all with
+    ``short_file_name``), and variables are kept per graph, so a new ``tf.Graph`` starts
+    without any. A second call with the same name returns the same Variable while it is
+    alive, unless the variable scope says ``reuse=False`` (in a graph, the default), which
+    raises ``ValueError``; eager code always reuses. A call that disagrees on ``dim``,
+    ``key_dtype`` or ``value_dtype`` raises ``VariableError``. Arguments follow TFRA: one
+    table shard per entry of ``devices``, ``partitioner(keys, shard_num)`` picks the shard,
+    ``initializer`` (number, ``[1]`` or ``[dim]`` array, or callable ``(shape, dtype)``)
+    fills missing keys, ``init_size`` is split across shards, ``checkpoint=False`` leaves
+    the Variable out of checkpoints, ``restrict_policy`` is a policy class instantiated with
+    the Variable, and ``bp_v2`` makes optimizers add deltas instead of writing values.
     """
-    scope = tf.get_current_name_scope()
-    full_name = f"{scope.rstrip('/')}/{name}" if scope else name
-    existing = _REGISTRY.get(full_name)
+    scope = tf.compat.v1.get_variable_scope()
+    full_name = f"{scope.name}/{name}" if scope.name and not short_file_name else name
+    with tf.init_scope():
+        graph = tf.compat.v1.get_default_graph()
+        eager = tf.executing_eagerly()
+    variables = _REGISTRY.setdefault(graph, weakref.WeakValueDictionary())
+    existing = variables.get(full_name)
     if existing is not None:
+        if scope.reuse is False and not eager:
+            raise ValueError(
+                f"Variable {full_name} already exists, disallowed. Did you mean to set "
+                "reuse=True or reuse=tf.AUTO_REUSE in VarScope?"
+            )
         _check_same(existing, tf.as_dtype(key_dtype), tf.as_dtype(value_dtype), dim)
         return existing
     with tf.init_scope():
         created = Variable(
             full_name, key_dtype, value_dtype, dim, devices, partitioner, shared_name,
             initializer, trainable, checkpoint, init_size, kv_creator, restrict_policy, bp_v2,
+            short_file_name,
         )  # fmt: skip
-    _REGISTRY[full_name] = created
+    variables[full_name] = created
     return created
 
 

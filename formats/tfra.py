@@ -6,7 +6,7 @@ replaced by ``_`` and ``i`` counting tables from 1. Keys are raw little-endian k
 raw little-endian values, ``dim`` a row; nothing in the files records dim or dtypes, so the
 caller gives them. :func:`read_table` imports every table and rank of a variable;
 :func:`write_table` writes a folder TFRA restores, partitioning keys the way TFRA's default
-partitioner does (``key mod num_tables``).
+partitioner does (:func:`table_of`).
 
 Example::
 
@@ -41,6 +41,18 @@ FOLDER = "TFRADynamicEmbedding"
 def file_prefix(name: str, table: int, num_tables: int, proc_rank: int, proc_size: int) -> str:
     """TFRA's file name (without ``-keys``/``-values``) for table ``table`` (from 1)."""
     return f"{name.replace('/', '_')}_mht_{table}of{num_tables}_rank{proc_rank}_size{proc_size}"
+
+
+def table_of(keys: np.ndarray, num_tables: int, *, cuda_wheel: bool = True) -> np.ndarray:
+    """The table (from 0) TFRA 0.8's ``default_partition_fn`` gives each integer key.
+
+    Under a TensorFlow wheel built with CUDA support (the stock ``tensorflow`` wheel, even
+    on a machine without a GPU) an int64 key goes to ``int32(key & 0x7fffffff) mod n``;
+    otherwise, and for int32 keys, to ``key mod n`` (floored, as TensorFlow's ``mod``).
+    """
+    if cuda_wheel and keys.dtype == np.int64:
+        return np.mod((keys & 0x7FFFFFFF).astype(np.int32), num_tables)
+    return np.mod(keys, num_tables)
 
 
 def _open(directory: str | Backend, storage_options: Mapping[str, Any] | None) -> Backend:
@@ -210,10 +222,12 @@ def write_table(
     proc_size: int = 1,
     storage_options: Mapping[str, Any] | None = None,
     buffer_size: int = DEFAULT_BUFFER_SIZE,
+    cuda_wheel: bool = True,
 ) -> list[ShardInfo]:
     """Write ``table`` (columns ``key``, ``value``) as TFRA 0.8.1 would save it.
 
-    Row ``k`` goes to table ``key mod num_tables`` (TFRA's default partitioner), keeping
+    Each row goes to the table TFRA's default partitioner picks for its key
+    (:func:`table_of`; ``cuda_wheel=False`` for a TensorFlow built without CUDA), keeping
     the input order within each table. Point ``directory`` at the checkpoint's
     ``TFRADynamicEmbedding`` folder.
 
@@ -233,7 +247,7 @@ def write_table(
     table = table.select(["key", "value"])
     schema = _schema_of(name, table)
     table = table.cast(schema.arrow_schema())
-    buckets = np.mod(table.column("key").to_numpy(), num_tables)  # floored, as TF's
+    buckets = table_of(table.column("key").to_numpy(), num_tables, cuda_wheel=cuda_wheel)
     infos = []
     for i in range(num_tables):
         rows = table if num_tables == 1 else table.filter(pa.array(buckets == i))

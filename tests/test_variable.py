@@ -22,10 +22,12 @@ def _sorted_export(var: ds.Variable) -> tuple[np.ndarray, np.ndarray]:
 def test_get_variable_returns_the_same_variable_by_scoped_name() -> None:
     first = ds.get_variable("same", dim=3)
     assert ds.get_variable("same", dim=3) is first
-    with tf.name_scope("tower"):
+    with tf.compat.v1.variable_scope("tower"):
         scoped = ds.get_variable("same", dim=3)
     assert scoped is not first
     assert scoped.name == "tower/same"
+    with tf.name_scope("ops"):  # as in TFRA, a name scope does not name variables
+        assert ds.get_variable("same", dim=3) is first
 
 
 def test_get_variable_with_other_dim_or_dtype_names_both() -> None:

@@ -178,8 +178,14 @@ class Manifest:
             return self.variables[name]
         except KeyError:
             known = ", ".join(sorted(self.variables)) or "none"
+            hint = ""
+            if "/" in name and name.replace("/", "_") in self.variables:
+                hint = (
+                    f" (TFRA writes {name!r} as {name.replace('/', '_')!r}: import it with "
+                    f"`de-store convert ... --name {name}`)"
+                )
             raise CheckpointError(
-                f"checkpoint {where} has no variable {name!r}; it holds: {known}"
+                f"checkpoint {where} has no variable {name!r}; it holds: {known}{hint}"
             ) from None
 
 

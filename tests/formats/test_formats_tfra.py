@@ -125,3 +125,25 @@ def test_read_batches_streams_in_buffer_sized_batches():
     batches = list(tfra.read_batches(folder, "user_emb", dim=8, buffer_size=500))
     assert [b.num_rows for b in batches] == [500, 500, 477, 500, 500, 488]
     assert pa.Table.from_batches(batches).equals(tfra.read_table(folder, "user_emb", dim=8))
+
+
+#: What TFRA 0.8.1 (TF 2.16.2 stock wheel, CPU) wrote for get_variable("tower/emb",
+#: devices=3 CPUs): the keys of each of its three tables, in file order.
+TFRA_THREE_TABLES = [[-2, 3, -5], [1, 2**31 + 1, 7 * 2**33 + 4, -1], [2**31 + 2, 2]]
+
+
+def test_three_tables_split_keys_as_tfras_default_partitioner(tmp_path):
+    keys = np.array([k for table in TFRA_THREE_TABLES for k in table], np.int64)
+    tables = tfra.table_of(keys, 3)
+    assert tables.tolist() == [i for i, table in enumerate(TFRA_THREE_TABLES) for _ in table]
+    assert tfra.table_of(keys, 3, cuda_wheel=False).tolist() == np.mod(keys, 3).tolist()
+    values = np.repeat(keys[:, None], 2, axis=1).astype(np.float32)
+    tfra.write_table(
+        str(tmp_path),
+        "tower/emb",
+        pa.Table.from_batches([batch_from_numpy(keys, values)]),
+        num_tables=3,
+    )
+    for i, table in enumerate(TFRA_THREE_TABLES):
+        written = np.fromfile(tmp_path / f"tower_emb_mht_{i + 1}of3_rank0_size1-keys", np.int64)
+        assert sorted(written.tolist()) == sorted(table)
