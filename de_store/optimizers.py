@@ -141,14 +141,17 @@ class _SparseMixin:
         write_back_rows(wrapper, old, slots)
 
 
+@keras.saving.register_keras_serializable(package="de_store")
 class SGD(_SparseMixin, keras.optimizers.SGD):
     """``keras.optimizers.SGD`` + sparse updates (slot ``sgd_momentum`` with momentum)."""
 
 
+@keras.saving.register_keras_serializable(package="de_store")
 class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
     """``keras.optimizers.Adagrad`` + sparse updates; slot ``adagrad_accumulator``."""
 
 
+@keras.saving.register_keras_serializable(package="de_store")
 class Adam(_SparseMixin, keras.optimizers.Adam):
     """``keras.optimizers.Adam`` + sparse updates; slots ``adam_m`` and ``adam_v``."""
 
@@ -165,7 +168,9 @@ def _sparse_class(keras_class: type) -> type:
     named = _NAMED_CLASSES.get(keras_class)
     if named is not None:
         return named
-    return type(keras_class.__name__, (_SparseMixin, keras_class), {"__module__": __name__})
+    created = type(keras_class.__name__, (_SparseMixin, keras_class), {"__module__": __name__})
+    # a compiled model's .keras file names its optimizer's class: load_model finds it here
+    return keras.saving.register_keras_serializable(package="de_store")(created)
 
 
 def DynamicEmbeddingOptimizer(optimizer: Any) -> Any:
