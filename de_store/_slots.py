@@ -48,11 +48,13 @@ def slot_initializer(initializer: Any) -> Any:
     return initializer
 
 
-def write_back_rows(wrapper: Any, old: tf.Tensor, slots: list[Slot]) -> None:
-    """Write the wrapper's trained rows and each slot's new rows to their tables."""
+def write_back_rows(wrapper: Any, old: tf.Tensor, slots: list[Slot]) -> list[Any]:
+    """Write the wrapper's trained rows and each slot's new rows to their tables; the ops
+    (in a ``tf.compat.v1`` graph, what must run)."""
     params, ids = wrapper.params, wrapper.ids
-    params.write_back(ids, old, tf.convert_to_tensor(wrapper), wrapper.existed)
+    ops = [params.write_back(ids, old, tf.convert_to_tensor(wrapper), wrapper.existed)]
     for companion, slot_old, slot_existed, slot in slots:
-        companion.write_back(ids, slot_old, tf.convert_to_tensor(slot), slot_existed)
+        ops.append(companion.write_back(ids, slot_old, tf.convert_to_tensor(slot), slot_existed))
     if params.restrict_policy is not None:
-        params.restrict_policy.apply_update(ids)
+        ops.append(params.restrict_policy.apply_update(ids))
+    return [op for op in ops if op is not None]

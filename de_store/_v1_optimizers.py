@@ -61,26 +61,35 @@ class V1Sparse:
     def apply_gradients(
         self, grads_and_vars: Any, global_step: Any = None, name: Any = None
     ) -> Any:
-        pairs, loaded = [], []
+        pairs, loaded, loads = [], [], []
         for grad, var in grads_and_vars:
             wrapper = wrapper_of(var)
             if wrapper is not None and grad is not None:
                 with tf.init_scope():
                     self._create_slots([wrapper])  # type: ignore[attr-defined]
-                loaded.append((wrapper, tf.convert_to_tensor(wrapper), self._load_slots(wrapper)))
+                # in a graph nothing orders reads after the lookup's writes but this
+                with tf.control_dependencies([_tensor_of(grad)]):
+                    old = tf.identity(wrapper.read_value())
+                    slots, assigns = self._load_slots(wrapper)
+                loaded.append((wrapper, old, slots))
+                loads += [old, *assigns]
                 grad = aggregate(grad, tf.shape(wrapper.ids)[0])
             pairs.append((grad, var))
-        op = super().apply_gradients(pairs, global_step, name)  # type: ignore[misc]
+        with tf.control_dependencies(loads):
+            op = super().apply_gradients(pairs, global_step, name)  # type: ignore[misc]
+        writes = []
         with tf.control_dependencies([] if op is None else [op]):
             for wrapper, old, slots in loaded:
-                write_back_rows(wrapper, old, slots)
-        return op
+                writes += write_back_rows(wrapper, old, slots)
+        return op if tf.executing_eagerly() else tf.group(op, *writes)
 
-    def _load_slots(self, wrapper: TrainableWrapper) -> list[Slot]:
+    def _load_slots(self, wrapper: TrainableWrapper) -> tuple[list[Slot], list[Any]]:
+        """Read the batch's rows of every slot from its companion table into the slot
+        variable; the slots and the assign ops."""
         params, ids = wrapper.params, wrapper.ids
         optimizer = type(self).__name__.removesuffix("Optimizer")
         initial_rows = self.__dict__.get("_de_initial_rows", {})
-        slots = []
+        slots, assigns = [], []
         for slot_name in sorted(self.get_slot_names()):  # type: ignore[attr-defined]
             slot = self.get_slot(wrapper, slot_name)  # type: ignore[attr-defined]
             if slot is None:
@@ -92,9 +101,9 @@ class V1Sparse:
                 initial_rows.get(slot_name),
             )
             values, existed = companion.lookup(ids, return_exists=True)
-            slot.assign(values)
+            assigns.append(slot.assign(values))
             slots.append((companion, values, existed, slot))
-        return slots
+        return slots, assigns
 
 
 def _initial_row(initializer: Any, wrapper: TrainableWrapper) -> np.ndarray | None:
@@ -112,7 +121,24 @@ def _initial_row(initializer: Any, wrapper: TrainableWrapper) -> np.ndarray | No
             initializer = initializer(shape=[1, params.dim], dtype=params.value_dtype)
         except TypeError:
             initializer = initializer()
+    if isinstance(initializer, tf.Tensor) and not tf.executing_eagerly():
+        return np.full([wrapper.params.dim], _filled_with(initializer))
     return np.asarray(initializer)[0]
+
+
+def _filled_with(rows: tf.Tensor) -> Any:
+    """The value every element of a graph tensor of unknown shape is filled with."""
+    op = rows.op
+    value = {"OnesLike": 1, "ZerosLike": 0}.get(op.type)
+    if value is None and op.type == "Fill":
+        value = tf.get_static_value(op.inputs[1])
+    if value is None:
+        raise ValueError(f"slot initializer {rows.name}: expected a constant fill")
+    return value
+
+
+def _tensor_of(grad: Any) -> tf.Tensor:
+    return grad.values if isinstance(grad, tf.IndexedSlices) else tf.convert_to_tensor(grad)
 
 
 @functools.cache

@@ -283,14 +283,16 @@ class Variable(tf.Module):
         return merged, found
 
     @_exclusive
-    def upsert(self, keys: Any, values: Any) -> None:
-        """Insert or overwrite the rows of ``keys``."""
+    def upsert(self, keys: Any, values: Any) -> Any:
+        """Insert or overwrite the rows of ``keys`` (in a graph: returns the op)."""
         values = self._rows(values)
+        ops: list[Any] = []
         for shard, device, (shard_keys, shard_pos) in zip(
             self._shards, self.devices, self.partition(keys), strict=True
         ):
             with tf.device(device):
-                shard.insert(shard_keys, self._for_shard(values, shard_pos))
+                ops.append(shard.insert(shard_keys, self._for_shard(values, shard_pos)))
+        return _grouped(ops)
 
     @_exclusive
     def load_distinct(self, keys: Any, values: Any) -> None:
@@ -313,7 +315,7 @@ class Variable(tf.Module):
         new_values: Any = None,
         exists: Any = None,
         name: str | None = None,
-    ) -> None:
+    ) -> Any:
         """Add ``deltas`` to the rows of ``keys`` (duplicates sum); see ``TableCore.accum``.
 
         TFRA's form ``accum(keys, old_values, new_values, exists)`` (positional or by
@@ -326,21 +328,24 @@ class Variable(tf.Module):
             old = deltas if old_values is None else old_values
             new = insert_missing if new_values is None else new_values
             existed = tfra_exists[0] if tfra_exists else exists
-            self._accum_trained(keys, old, new, existed)
-            return
-        self._accum_deltas(keys, deltas, bool(insert_missing))
+            return self._accum_trained(keys, old, new, existed)
+        return self._accum_deltas(keys, deltas, bool(insert_missing))
 
     @_exclusive
-    def _accum_deltas(self, keys: Any, deltas: Any, insert_missing: bool) -> None:
+    def _accum_deltas(self, keys: Any, deltas: Any, insert_missing: bool) -> Any:
         deltas = self._rows(deltas, what="deltas")
+        ops: list[Any] = []
         for shard, device, (shard_keys, shard_pos) in zip(
             self._shards, self.devices, self.partition(keys), strict=True
         ):
             with tf.device(device):
-                shard.accum(shard_keys, self._for_shard(deltas, shard_pos), insert_missing)
+                ops.append(
+                    shard.accum(shard_keys, self._for_shard(deltas, shard_pos), insert_missing)
+                )
+        return _grouped(ops)
 
     @_exclusive
-    def _accum_trained(self, keys: Any, old: Any, new: Any, existed: Any) -> None:
+    def _accum_trained(self, keys: Any, old: Any, new: Any, existed: Any) -> Any:
         keys = self._flat_keys(keys)
         old, new = self._rows(old, "old_values"), self._rows(new, "new_values")
         existed = tf.reshape(tf.convert_to_tensor(existed, tf.bool), [-1])
@@ -348,15 +353,18 @@ class Variable(tf.Module):
         missing_keys, missing_new = tf.boolean_mask(keys, missing), tf.boolean_mask(new, missing)
         _, present = self._lookup_flat(missing_keys)
         absent = tf.logical_not(present)
-        self.upsert(tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_new, absent))
-        self._accum_deltas(
-            tf.boolean_mask(keys, existed), tf.boolean_mask(new - old, existed), False
+        inserted = self.upsert(
+            tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_new, absent)
         )
+        with tf.control_dependencies(_after(inserted)):
+            return self._accum_deltas(
+                tf.boolean_mask(keys, existed), tf.boolean_mask(new - old, existed), False
+            )
 
     @_exclusive
     def write_back(
         self, keys: tf.Tensor, old: tf.Tensor, new: tf.Tensor, existed: tf.Tensor
-    ) -> None:
+    ) -> Any:
         """Store trained rows: overwrite them, or with ``bp_v2`` add ``new - old``.
 
         With ``bp_v2`` concurrent updates of existing keys all land. A key that was missing
@@ -364,25 +372,28 @@ class Variable(tf.Module):
         it meanwhile (two writers inserting the same new key at once can still race).
         """
         if not self.bp_v2:
-            self.upsert(keys, new)
-            return
+            return self.upsert(keys, new)
         missing = tf.logical_not(existed)
         missing_keys, missing_old = tf.boolean_mask(keys, missing), tf.boolean_mask(old, missing)
         _, inserted_since = self._lookup_flat(missing_keys)
         absent = tf.logical_not(inserted_since)
-        self.upsert(tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_old, absent))
-        self.accum(keys, new - old, True)
+        inserted = self.upsert(
+            tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_old, absent)
+        )
+        with tf.control_dependencies(_after(inserted)):
+            return self.accum(keys, new - old, True)
 
     @_exclusive
-    def remove(self, keys: Any) -> None:
+    def remove(self, keys: Any) -> Any:
         """Remove ``keys`` from the values and from every companion; missing keys are ignored."""
+        ops: list[Any] = []
         for shard, device, (shard_keys, _) in zip(
             self._shards, self.devices, self.partition(keys), strict=True
         ):
             with tf.device(device):
-                shard.remove(shard_keys)
-        for companion in self._companions.values():
-            companion.remove(keys)
+                ops.append(shard.remove(shard_keys))
+        ops += [companion.remove(keys) for companion in self._companions.values()]
+        return _grouped(ops)
 
     @_exclusive
     def size(self, index: int | None = None, name: str | None = None) -> tf.Tensor:
@@ -403,14 +414,15 @@ class Variable(tf.Module):
         return tf.add_n(sizes)
 
     @_exclusive
-    def clear(self) -> None:
+    def clear(self) -> Any:
         """Remove every key from the values and from every companion."""
+        ops: list[Any] = []
         for shard, device in zip(self._shards, self.devices, strict=True):
             with tf.device(device):
-                shard.clear()
-        for companion in self._companions.values():
-            companion.clear()
+                ops.append(shard.clear())
+        ops += [companion.clear() for companion in self._companions.values()]
         object.__setattr__(self, "change_base", None)  # no history: the next save is full
+        return _grouped(ops)
 
     @_exclusive
     def export(self) -> tuple[tf.Tensor, tf.Tensor]:
@@ -465,7 +477,7 @@ class Variable(tf.Module):
                 kv_creator=self.kv_creator,
                 bp_v2=self.bp_v2,
             )
-            if self._tracks_changes():  # its rows count as changed from now on
+            if self._tracks_changes() and tf.executing_eagerly():  # rows changed from now
                 epoch = max(table.change_epoch() for table in self._shards)
                 for table in created.tables():
                     table.set_change_epoch(epoch)
@@ -531,6 +543,19 @@ class Variable(tf.Module):
 
 # tf.train.Checkpoint saves the Variables that have a FileSystemSaver through tf_hook.
 tf_hook.CheckpointedVariable.register(Variable)
+
+
+def _grouped(ops: list[Any]) -> Any:
+    """In a ``tf.compat.v1`` graph, one op that runs ``ops`` (for ``Session.run``); else
+    ``None`` (eagerly, and in a ``tf.function``, which runs every stateful op)."""
+    if tf.executing_eagerly() or tf.compat.v1.get_default_graph().building_function:
+        return None
+    return tf.group(*[op for op in ops if op is not None])
+
+
+def _after(op: Any) -> list[Any]:
+    """Control inputs that order a graph's next ops after ``op`` (none eagerly)."""
+    return [] if op is None else [op]
 
 
 class InvalidValuesError(VariableError, tf.errors.InvalidArgumentError):

@@ -18,10 +18,12 @@ EMPTY = -1
 DELETED = -2
 MIN_CAPACITY = 16
 
-_MIX1 = tf.constant(-49064778989728563, tf.int64)  # 0xff51afd7ed558ccd as int64
-_MIX2 = tf.constant(-4265267296055464877, tf.int64)  # 0xc4ceb9fe1a85ec53 as int64
-_LOW31 = tf.constant(0x7FFFFFFF, tf.int64)
-_LOW24 = tf.constant(0xFFFFFF, tf.int64)
+# Python ints, made int64 constants where used: a module-level EagerTensor captured by a
+# kernel cannot be used from a tf.compat.v1 graph.
+_MIX1 = -49064778989728563  # 0xff51afd7ed558ccd as int64
+_MIX2 = -4265267296055464877  # 0xc4ceb9fe1a85ec53 as int64
+_LOW31 = 0x7FFFFFFF
+_LOW24 = 0xFFFFFF
 
 
 #: Probe rounds that :func:`first_probes` runs over every key of a batch.

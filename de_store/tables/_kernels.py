@@ -42,9 +42,18 @@ class Kernels:
 
         Eagerly the shared function runs; inside a caller's ``tf.function`` it is called
         as a function (one call op, inlined by TensorFlow when the graph runs), so that
-        the lock is taken and released as in an eager call (see :mod:`._locking`).
+        the lock is taken and released as in an eager call (see :mod:`._locking`). In a
+        ``tf.compat.v1`` graph, a kernel without outputs returns the operations its call
+        added, grouped: what ``Session.run`` fetches to run it.
         """
-        return getattr(self, name)(mutex, tuple(v.handle for v in state), *args)
+        graph = tf.compat.v1.get_default_graph()
+        if tf.executing_eagerly() or graph.building_function:
+            return getattr(self, name)(mutex, tuple(v.handle for v in state), *args)
+        before = len(graph.get_operations())
+        result = getattr(self, name)(mutex, tuple(v.handle for v in state), *args)
+        if result is None:
+            return tf.group(*graph.get_operations()[before:])
+        return result
 
     def _function(self, name: str) -> tf.types.experimental.PolymorphicFunction:
         # The variables come in as resource handles (plain tensor inputs, so one trace

@@ -45,8 +45,11 @@ class TableMutex(tf.saved_model.experimental.TrackableResource):
 
     def __init__(self, device: str) -> None:
         super().__init__(device=device)
-        with tf.init_scope():
-            self.resource_handle  # noqa: B018 (created now, not inside a caller's trace)
+        if tf.compat.v1.get_default_graph().building_function:
+            with tf.init_scope():  # created now, not inside a caller's trace
+                self.resource_handle  # noqa: B018
+        else:  # eagerly, or into the tf.compat.v1 graph that holds the table
+            self.resource_handle  # noqa: B018
 
     def _create_resource(self) -> tf.Tensor:
         # An anonymous name: a mutex of its own (an empty shared name would give every

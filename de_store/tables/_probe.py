@@ -511,7 +511,9 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         """
         t = self.t
         capacity = tf.constant(t.init_capacity, tf.int64)
-        used = tf.logical_or(t.num_keys + t.num_deleted > 0, variable_length(t.index) != capacity)
+        used = tf.logical_or(
+            t.num_keys + t.num_deleted > 0, tf.not_equal(variable_length(t.index), capacity)
+        )
 
         def empty() -> tf.Tensor:
             replace(t.index, empty_index(capacity))
@@ -528,7 +530,7 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
                 replace(t.stamps, tf.cast(zeros, STAMP_DTYPE))
             return tf.constant(True)
 
-        tf.cond(variable_length(t.values) != rows, shrink, lambda: tf.constant(False))
+        tf.cond(tf.not_equal(variable_length(t.values), rows), shrink, lambda: tf.constant(False))
         t.free_rows.assign(tf.zeros([16], tf.int64))
         for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row, t.num_removed):
             counter.assign(0)

@@ -198,9 +198,9 @@ class HashTable(TableCore):
         )
         return tf.where(exists[:, None], values, default), exists
 
-    def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
+    def insert(self, keys: tf.Tensor, values: tf.Tensor) -> Any:
         """Upsert rows; a key repeated in the batch keeps its last value."""
-        self._run("insert", *self._keys_and_rows(keys, values, "values"))
+        return self._run("insert", *self._keys_and_rows(keys, values, "values"))
 
     def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         """Bulk-insert keys absent from the table and distinct among themselves.
@@ -218,14 +218,14 @@ class HashTable(TableCore):
             self.clear()
             raise RepeatedKeysError(_repeated(self, int(repeated)))
 
-    def accum(self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True) -> None:
+    def accum(self, keys: tf.Tensor, deltas: tf.Tensor, insert_missing: bool = True) -> Any:
         """Add deltas (duplicates sum); missing keys are inserted when ``insert_missing``."""
         kernel = "accum_insert" if insert_missing else "accum_existing"
-        self._run(kernel, *self._keys_and_rows(keys, deltas, "deltas"))
+        return self._run(kernel, *self._keys_and_rows(keys, deltas, "deltas"))
 
-    def remove(self, keys: tf.Tensor) -> None:
+    def remove(self, keys: tf.Tensor) -> Any:
         """Remove keys; missing keys are ignored."""
-        self._run("remove", self._keys(keys))
+        return self._run("remove", self._keys(keys))
 
     def size(self) -> tf.Tensor:
         """Number of keys held (int64 scalar)."""
@@ -236,9 +236,9 @@ class HashTable(TableCore):
         if count > 0:
             self._run("prepare", tf.constant(count, tf.int64))
 
-    def clear(self) -> None:
+    def clear(self) -> Any:
         """Remove every key; the index and the row store return to their initial sizes."""
-        self._run("clear")
+        return self._run("clear")
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """Return ``(keys [n], values [n, dim])`` of the whole table in one consistent read."""
