@@ -156,6 +156,43 @@ class Variable(tf.Module):
         """The table cores, one per entry of ``devices``."""
         return list(self._shards)
 
+    def save_to_file_system(
+        self,
+        dirpath: str,
+        proc_size: int = 1,
+        proc_rank: int = 0,
+        file_name_list: Any = None,
+        dirpath_env: str = "TFRA_SAVED_KV",
+        append_to_file: bool = False,
+        buffer_size: int = 4194304,
+    ) -> list[str]:
+        """Write the tables in TFRA 0.8's file layout under ``dirpath`` (any fsspec URL;
+        the environment variable ``dirpath_env`` overrides it, as in TFRA); the paths
+        written. TFRA's own ``load_from_file_system`` reads them back."""
+        del file_name_list, append_to_file, buffer_size
+        from de_store import _tfra_files
+
+        return _tfra_files.save(
+            self, _tfra_files.folder(dirpath, dirpath_env), proc_size, proc_rank
+        )
+
+    def load_from_file_system(
+        self,
+        dirpath: str,
+        proc_size: int = 1,
+        proc_rank: int = 0,
+        file_name_list: Any = None,
+        dirpath_env: str = "TFRA_SAVED_KV",
+        load_entire_dir: bool = False,
+        buffer_size: int = 4194304,
+    ) -> None:
+        """Upsert the keys of this variable's TFRA files under ``dirpath``: every table and
+        rank (TFRA's ``load_entire_dir``), into this variable's own sharding."""
+        del proc_size, proc_rank, file_name_list, load_entire_dir, buffer_size
+        from de_store import _tfra_files
+
+        _tfra_files.load(self, _tfra_files.folder(dirpath, dirpath_env))
+
     @property
     def trainable_store(self) -> dict[str, Any]:
         """The trainable wrappers of this variable's lookups, by lookup name (TFRA's)."""
@@ -479,18 +516,23 @@ class Variable(tf.Module):
             )
             if self._tracks_changes() and tf.executing_eagerly():  # rows changed from now
                 epoch = max(table.change_epoch() for table in self._shards)
-                for table in created.tables():
+                for table in created.all_tables():
                     table.set_change_epoch(epoch)
         object.__setattr__(created, "_lock", self._lock)
         self._companions[column] = created
         return created
 
     # ---- change tracking ----------------------------------------------------------------
+    @property
     def tables(self) -> list[TableCore]:
+        """The table cores of this variable, one per device (TFRA's ``tables``)."""
+        return list(self._shards)
+
+    def all_tables(self) -> list[TableCore]:
         """Every table core of this variable and of its companions."""
         tables = list(self._shards)
         for companion in self._companions.values():
-            tables += companion.tables()
+            tables += companion.all_tables()
         return tables
 
     def _tracks_changes(self) -> bool:
@@ -501,7 +543,7 @@ class Variable(tf.Module):
         """Take a snapshot mark: return the current change epoch (the newest stamp of every
         row written so far) and move every table of the variable to the next one, so that
         later writes are told apart (see ``TableCore.export_changes``). Eager only."""
-        tables = self.tables()
+        tables = self.all_tables()
         if not all(table.track_changes for table in tables):
             raise VariableError(
                 f"variable '{self.name}': its tables do not track changes "

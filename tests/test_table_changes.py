@@ -105,14 +105,14 @@ def test_a_variable_mark_covers_its_shards_and_companions_created_later():
     variable = de_store.get_variable("changes/var", dim=2, devices=["/CPU:0", "/CPU:1", "/CPU:2"])
     variable.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
     mark = variable.next_change_epoch()
-    assert all(table.change_epoch() == mark + 1 for table in variable.tables())
+    assert all(table.change_epoch() == mark + 1 for table in variable.all_tables())
     slot = variable.companion("adam_m", 2, tf.float32)  # created after the mark
     slot.upsert(tf.constant([2], tf.int64), tf.ones([1, 2]))
     changed = [
-        sorted(table.export_changes(mark)[0].numpy().tolist()) for table in variable.tables()
+        sorted(table.export_changes(mark)[0].numpy().tolist()) for table in variable.all_tables()
     ]
     assert [key for keys in changed for key in keys] == [2]
-    assert len(variable.tables()) == 6
+    assert len(variable.all_tables()) == 6
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

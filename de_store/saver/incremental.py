@@ -124,7 +124,7 @@ def snapshot(
     candidates = current.candidates() if current is not None else []
     mark = variable.next_change_epoch()
     if candidates:  # no later delta is taken since an older mark
-        for table in variable.tables():
+        for table in variable.all_tables():
             table.forget_removed(min(base.mark for base in candidates))
     base = next((b for b in candidates if _located(b, url, location)), current)
     if base is None or full_save_reason(policy, base, variable, url, location) is not None:

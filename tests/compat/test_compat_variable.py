@@ -104,3 +104,18 @@ def test_restoring_a_slash_name_from_its_tfra_import_names_the_fix(tmp_path) -> 
         r"\.\.\. --name tower/emb`",
     ):
         ds.restore([ds.Variable("tower/emb", dim=1)], str(tmp_path / "ckpt"))
+
+
+def test_tables_and_tfras_file_system_save_and_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    var = ds.Variable(tf.int64, tf.float32, 2, ["/CPU:0", "/CPU:1"], name="fs/emb")
+    keys = np.array([1, 2, 3, 2**31 + 1, -7], np.int64)
+    var.upsert(keys, np.stack([keys, -keys], 1).astype(np.float32))
+    assert len(var.tables) == 2 and var.tables == var.shards
+    written = var.save_to_file_system(str(tmp_path))
+    assert sorted(p.rsplit("/", 1)[-1] for p in written) == [
+        f"fs_emb_mht_{i}of2_rank0_size1-{part}" for i in (1, 2) for part in ("keys", "values")
+    ]
+    loaded = ds.Variable("fs/emb", dim=2, devices=["/CPU:0", "/CPU:1", "/CPU:2"])
+    loaded.load_from_file_system(str(tmp_path))
+    np.testing.assert_array_equal(loaded.lookup(keys).numpy(), var.lookup(keys).numpy())
+    assert int(loaded.size()) == 5
