@@ -101,7 +101,7 @@ def is_sibling(base_url: str, url: str) -> bool:
 
 def tracks_changes(variable: SavedVariable) -> bool:
     """Whether every table of ``variable`` (companions too) tracks changes."""
-    tables = getattr(variable, "tables", None)
+    tables = getattr(variable, "all_tables", None)
     return tables is not None and all(getattr(t, "track_changes", False) for t in tables())
 
 
