@@ -18,7 +18,7 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree, not i
 
 if TYPE_CHECKING:
     from de_store.compact import compact
-    from de_store.embedding import TrainableWrapper, embedding_lookup
+    from de_store.embedding import TrainableWrapper, embedding_lookup, trainable_wrapper_filter
     from de_store.modes import ModelMode, enable_inference_mode, enable_train_mode, get_model_mode
     from de_store.optimizers import DynamicEmbeddingOptimizer
     from de_store.partition import default_partition_fn
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         embedding_lookup_unique,
         safe_embedding_lookup_sparse,
     )
-    from de_store.variable import HashTableCreator, Variable, get_variable
+    from de_store.variable import CuckooHashTableCreator, HashTableCreator, Variable, get_variable
 
 #: public name -> module that defines it (imported on first access)
 _LAZY_NAMES = {
@@ -59,6 +59,8 @@ _LAZY_NAMES = {
     "restore": "de_store.saver",
     "save": "de_store.saver",
     "HashTableCreator": "de_store.variable",
+    "CuckooHashTableCreator": "de_store.variable",
+    "trainable_wrapper_filter": "de_store.embedding",
     "Variable": "de_store.variable",
     "get_variable": "de_store.variable",
 }
@@ -92,6 +94,7 @@ __all__ = [
     "FrequencyRestrictPolicy",
     "get_model_mode",
     "get_variable",
+    "CuckooHashTableCreator",
     "HashTableCreator",
     "IncrementalPolicy",
     "ModelMode",
@@ -102,6 +105,7 @@ __all__ = [
     "SaveHandle",
     "TimestampRestrictPolicy",
     "TrainableWrapper",
+    "trainable_wrapper_filter",
     "Variable",
     "__version__",
 ]

@@ -83,6 +83,16 @@ class HashTableCreator:
         )
 
 
+class CuckooHashTableCreator(HashTableCreator):
+    """TFRA's creator name, for programs that move over by changing their import: the same
+    table as :class:`HashTableCreator`. ``config`` (TFRA's ``CuckooHashTableConfig``) is
+    accepted and unused: de_store's table sizes itself as it grows."""
+
+    def __init__(self, config: Any = None, saver: Any = None) -> None:
+        del config
+        super().__init__(saver=saver)
+
+
 class Variable(tf.Module):
     """A sharded, growable key -> embedding-row table (see :func:`get_variable`).
 
