@@ -91,6 +91,27 @@ def tfra_variable_names(backend: Backend) -> list[str]:
     return sorted({m.group(1) for p in backend.list() if (m := _TFRA_FILE.match(p))})
 
 
+#: Slot names of TFRA's optimizers -> the companion column de_store's optimizers use.
+TFRA_SLOTS = {"m": "adam_m", "v": "adam_v", "accumulator": "adagrad_accumulator"}
+_TFRA_SLOT_NAMES = (*TFRA_SLOTS, "vhat", "momentum", "rms", "mom", "linear")
+
+
+def tfra_slot_stems(stem: str, stems: list[str]) -> dict[str, str]:
+    """The slot variables TFRA saved for variable file stem ``stem``: column -> stem.
+
+    TFRA saves an optimizer slot as a variable of its own, ``{name}_{lookup}_{slot}``
+    (``user_emb_lk_m``); Adam's ``m`` and ``v`` and Adagrad's ``accumulator`` become the
+    columns de_store's optimizers read (``adam_m`` ...), others ``tfra_{slot}``.
+    """
+    slots = {}
+    for other in stems:
+        rest = other[len(stem) + 1 :] if other.startswith(stem + "_") else ""
+        lookup, _, slot = rest.rpartition("_")
+        if lookup and slot in _TFRA_SLOT_NAMES:
+            slots[TFRA_SLOTS.get(slot, f"tfra_{slot}")] = other
+    return slots
+
+
 def tfra_source(
     backend: Backend,
     names: list[str] | None,
@@ -99,24 +120,70 @@ def tfra_source(
     key_dtype: str,
     value_dtype: str,
 ) -> list[SourceVariable]:
-    """The variables ``names`` (default: all) of a TFRA folder, read with ``dim`` and dtypes."""
-    names = names or tfra_variable_names(backend)
-    if not names:
+    """The variables ``names`` (default: all) of a TFRA folder, read with ``dim`` and dtypes;
+    the slot files of a variable's optimizer come in as its companion columns."""
+    stems = tfra_variable_names(backend)
+    if not stems:
         raise FormatError(f"no TFRA files (*_mht_*of*_rank*_size*-keys) under {backend.url}")
+    slot_stems = {s for stem in stems for s in tfra_slot_stems(stem, stems).values()}
+    names = names or [s for s in stems if s not in slot_stems]
     out = []
     for name in names:
-        paths = tfra.find_files(backend, name)
+        slots = tfra_slot_stems(name.replace("/", "_"), stems)
         by_rank: dict[int, list[tuple[int, RowsLoader]]] = {}
         proc_size = 1
-        for path in paths:
+        for path in tfra.find_files(backend, name):
             match = _TFRA_FILE.match(path)
             assert match is not None
             table, num_tables, rank, proc_size = (int(g) for g in match.groups()[1:])
             load = _tfra_loader(backend, path, name, dim, key_dtype, value_dtype)
+            if slots:
+                load = _with_slots(backend, load, slots, path, name, dim, key_dtype, value_dtype)
             by_rank.setdefault(rank, []).append((rank * num_tables + table - 1, load))
-        columns = {"value": ColumnSpec(value_dtype, dim)}
+        columns = {c: ColumnSpec(value_dtype, dim) for c in ("value", *sorted(slots))}
         out.append(SourceVariable(name, key_dtype, value_dtype, dim, columns, proc_size, by_rank))
     return out
+
+
+def _with_slots(
+    backend: Backend,
+    load: RowsLoader,
+    slots: dict[str, str],
+    path: str,
+    name: str,
+    dim: int,
+    key_dtype: str,
+    value_dtype: str,
+) -> RowsLoader:
+    """``load`` plus the rows of each slot's table of the same rank and number, by key;
+    a key the slot does not hold (never trained) gets zeros."""
+    stem = name.replace("/", "_")
+    slot_loaders = {
+        column: _tfra_loader(
+            backend,
+            path.replace(stem + "_mht_", other + "_mht_"),
+            other,
+            dim,
+            key_dtype,
+            value_dtype,
+        )
+        for column, other in slots.items()
+    }
+
+    def load_all() -> Rows:
+        keys, columns = load()
+        for column, slot_load in slot_loaders.items():
+            slot_keys, slot_columns = slot_load()
+            order = np.argsort(slot_keys, kind="stable")
+            found = np.searchsorted(slot_keys[order], keys).clip(0, max(len(order) - 1, 0))
+            rows = np.zeros_like(columns["value"])
+            if len(order):
+                held = slot_keys[order][found] == keys
+                rows[held] = slot_columns["value"][order][found][held]
+            columns[column] = rows
+        return keys, columns
+
+    return load_all
 
 
 def _tfra_loader(

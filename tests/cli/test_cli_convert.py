@@ -102,3 +102,61 @@ def test_tfra_to_checkpoint_and_back_is_byte_identical(tmp_path: Path, sample: s
 def test_tfra_source_needs_dim(tmp_path: Path, capsys) -> None:
     assert main(["convert", str(tmp_path), str(tmp_path / "out"), "--to", "parquet"]) == 1
     assert "give --dim" in capsys.readouterr().err
+
+
+def test_tfra_slot_files_come_in_as_the_variables_slots(tmp_path: Path) -> None:
+    """TFRA 0.8.1 saves Adam's slots of variable tower/emb, looked up as "lk", as the
+    variables tower_emb_lk_m and tower_emb_lk_v (what it wrote in a run of TFRA 0.8.1)."""
+    import pyarrow as pa
+    import tensorflow as tf
+
+    import de_store as ds
+    from de_store.formats import batch_from_numpy, tfra
+
+    keys = np.array([4, 1, 3, 2], np.int64)
+    trained = np.array([3, 1], np.int64)
+    rows = {
+        "tower/emb": (keys, np.stack([keys, -keys], 1).astype(np.float32)),
+        "tower_emb_lk_m": (trained, (np.full([2, 2], 0.5) * trained[:, None]).astype(np.float32)),
+        "tower_emb_lk_v": (trained, (np.full([2, 2], 0.25) * trained[:, None]).astype(np.float32)),
+    }
+    folder = tmp_path / "TFRADynamicEmbedding"
+    folder.mkdir()
+    for name, (k, v) in rows.items():
+        tfra.write_table(str(folder), name, pa.Table.from_batches([batch_from_numpy(k, v)]))
+    dst = str(tmp_path / "ckpt")
+    assert (
+        main(
+            [
+                "convert",
+                "-q",
+                str(folder),
+                dst,
+                "--dim",
+                "2",
+                "--name",
+                "tower/emb",
+                "--to",
+                "parquet",
+            ]
+        )
+        == 0
+    )
+    var = ds.Variable("tower/emb", dim=2)
+    ds.restore([var], dst)
+    np.testing.assert_array_equal(var.lookup(keys).numpy(), rows["tower/emb"][1])
+    m, v = var.companions()["adam_m"], var.companions()["adam_v"]
+    np.testing.assert_array_equal(m.lookup([3, 1, 4]).numpy(), [[1.5, 1.5], [0.5, 0.5], [0, 0]])
+    np.testing.assert_array_equal(v.lookup(tf.constant([3], tf.int64)).numpy(), [[0.75, 0.75]])
+    assert (
+        main(["convert", "-q", str(folder), str(tmp_path / "all"), "--dim", "2", "--to", "parquet"])
+        == 0
+    )
+    listed = json.loads(
+        __import__("subprocess")
+        .run(
+            ["de-store", "inspect", "--json", str(tmp_path / "all")], capture_output=True, text=True
+        )
+        .stdout
+    )
+    assert sorted(listed["variables"]) == ["tower_emb"]  # the slot files are not variables
