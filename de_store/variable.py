@@ -17,6 +17,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import tensorflow as tf
 
+from de_store._variable_args import (
+    INT_KEYS,
+    Initializer,
+    InvalidValuesError,
+    after,
+    check_dim,
+    check_dtypes,
+    grouped,
+    module_name,
+    own_order,
+    resolve_devices,
+    tfra_order,
+)
 from de_store.errors import VariableError
 from de_store.partition import Partitioner, default_partition_fn, split_by_shard, stitch_shards
 from de_store.saver import tf_hook  # registers the TF checkpoint saver of Variables
@@ -25,7 +38,6 @@ from de_store.saver.variable_rows import ChangeBase
 if TYPE_CHECKING:  # importing de_store.tables creates TF constants, which fixes the devices
     from de_store.tables.base import TableCore
 
-_INT_KEYS = (tf.int32, tf.int64)
 _T = TypeVar("_T")
 #: graph -> name -> Variable: as TFRA's, variables are kept per graph (eager code shares one)
 _REGISTRY: weakref.WeakKeyDictionary[Any, weakref.WeakValueDictionary[str, Variable]] = (
@@ -70,7 +82,7 @@ class HashTableCreator:
         """Return a new, empty table core for one shard."""
         import de_store.tables as tables
 
-        core_cls = getattr(tables, "HashTable", None) if key_dtype in _INT_KEYS else None
+        core_cls = getattr(tables, "HashTable", None) if key_dtype in INT_KEYS else None
         if core_cls is None:
             core_cls = tables.MutableTable
         return core_cls(
@@ -114,8 +126,8 @@ class Variable(tf.Module):
         dim, ...)``, or TFRA's order ``Variable(key_dtype, value_dtype, dim, devices,
         partitioner, shared_name, name, initializer, ...)`` when the first positional
         argument is not a name."""
-        tfra_order = bool(args) and not isinstance(args[0], str)
-        options = (_tfra_arguments if tfra_order else _arguments)(*args, **kwargs)
+        in_tfra_order = bool(args) and not isinstance(args[0], str)
+        options = (tfra_order if in_tfra_order else own_order)(*args, **kwargs)
         self._setup(**options)
 
     def _setup(
@@ -136,17 +148,17 @@ class Variable(tf.Module):
         bp_v2: bool,
         short_file_name: bool,
     ) -> None:
-        super().__init__(name=_module_name(name))
+        super().__init__(name=module_name(name))
         self._full_name = name
-        self.key_dtype, self.value_dtype = _check_dtypes(name, key_dtype, value_dtype)
-        self.dim = _check_dim(name, dim)
-        self.devices = _resolve_devices(name, devices)
+        self.key_dtype, self.value_dtype = check_dtypes(name, key_dtype, value_dtype)
+        self.dim = check_dim(name, dim)
+        self.devices = resolve_devices(name, devices)
         self.partitioner, self.shared_name = partitioner, shared_name or "get_variable"
         self.trainable, self.checkpoint, self.bp_v2 = trainable, checkpoint, bp_v2
         self.short_file_name = bool(short_file_name)
         self.init_size = int(init_size)
         self.kv_creator = kv_creator or HashTableCreator()
-        self._initializer = _Initializer(name, initializer, self.value_dtype, self.dim)
+        self._initializer = Initializer(name, initializer, self.value_dtype, self.dim)
         self._shards = self._create_shards()
         self._companions: dict[str, Variable] = {}
         object.__setattr__(self, "_wrappers", {})  # per-batch rows: never checkpointed
@@ -339,7 +351,7 @@ class Variable(tf.Module):
         ):
             with tf.device(device):
                 ops.append(shard.insert(shard_keys, self._for_shard(values, shard_pos)))
-        return _grouped(ops)
+        return grouped(ops)
 
     @_exclusive
     def load_distinct(self, keys: Any, values: Any) -> None:
@@ -389,7 +401,7 @@ class Variable(tf.Module):
                 ops.append(
                     shard.accum(shard_keys, self._for_shard(deltas, shard_pos), insert_missing)
                 )
-        return _grouped(ops)
+        return grouped(ops)
 
     @_exclusive
     def _accum_trained(self, keys: Any, old: Any, new: Any, existed: Any) -> Any:
@@ -403,7 +415,7 @@ class Variable(tf.Module):
         inserted = self.upsert(
             tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_new, absent)
         )
-        with tf.control_dependencies(_after(inserted)):
+        with tf.control_dependencies(after(inserted)):
             return self._accum_deltas(
                 tf.boolean_mask(keys, existed), tf.boolean_mask(new - old, existed), False
             )
@@ -427,7 +439,7 @@ class Variable(tf.Module):
         inserted = self.upsert(
             tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_old, absent)
         )
-        with tf.control_dependencies(_after(inserted)):
+        with tf.control_dependencies(after(inserted)):
             return self.accum(keys, new - old, True)
 
     @_exclusive
@@ -440,7 +452,7 @@ class Variable(tf.Module):
             with tf.device(device):
                 ops.append(shard.remove(shard_keys))
         ops += [companion.remove(keys) for companion in self._companions.values()]
-        return _grouped(ops)
+        return grouped(ops)
 
     @_exclusive
     def size(self, index: int | None = None, name: str | None = None) -> tf.Tensor:
@@ -469,7 +481,7 @@ class Variable(tf.Module):
                 ops.append(shard.clear())
         ops += [companion.clear() for companion in self._companions.values()]
         object.__setattr__(self, "change_base", None)  # no history: the next save is full
-        return _grouped(ops)
+        return grouped(ops)
 
     @_exclusive
     def export(self) -> tuple[tf.Tensor, tf.Tensor]:
@@ -505,7 +517,7 @@ class Variable(tf.Module):
         existing = self._companions.get(column)
         if existing is not None:
             if initializer is not None:  # e.g. a slot restored before its optimizer asked
-                existing._initializer = _Initializer(
+                existing._initializer = Initializer(
                     existing.name, initializer, existing.value_dtype, existing.dim
                 )
             return existing
@@ -595,167 +607,6 @@ class Variable(tf.Module):
 
 # tf.train.Checkpoint saves the Variables that have a FileSystemSaver through tf_hook.
 tf_hook.CheckpointedVariable.register(Variable)
-
-
-def _grouped(ops: list[Any]) -> Any:
-    """In a ``tf.compat.v1`` graph, one op that runs ``ops`` (for ``Session.run``); else
-    ``None`` (eagerly, and in a ``tf.function``, which runs every stateful op)."""
-    if tf.executing_eagerly() or tf.compat.v1.get_default_graph().building_function:
-        return None
-    return tf.group(*[op for op in ops if op is not None])
-
-
-def _after(op: Any) -> list[Any]:
-    """Control inputs that order a graph's next ops after ``op`` (none eagerly)."""
-    return [] if op is None else [op]
-
-
-class InvalidValuesError(VariableError, tf.errors.InvalidArgumentError):
-    """Values of the wrong dtype or shape for a Variable.
-
-    Also TensorFlow's ``InvalidArgumentError``, the error TFRA raises there, so code
-    written for TFRA catches it.
-    """
-
-    def __init__(self, message: str) -> None:
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
-
-
-def _arguments(
-    name: str,
-    key_dtype: tf.DType = tf.int64,
-    value_dtype: tf.DType = tf.float32,
-    dim: int = 1,
-    devices: str | Sequence[str] | None = None,
-    partitioner: Partitioner = default_partition_fn,
-    shared_name: str | None = "get_variable",
-    initializer: Any = None,
-    trainable: bool = True,
-    checkpoint: bool = True,
-    init_size: int = 0,
-    kv_creator: HashTableCreator | None = None,
-    restrict_policy: Callable[[Variable], Any] | None = None,
-    bp_v2: bool = False,
-    short_file_name: bool = False,
-) -> dict[str, Any]:
-    """The Variable's arguments in de_store's order (the name first)."""
-    return dict(locals())
-
-
-def _tfra_arguments(
-    key_dtype: tf.DType = tf.int64,
-    value_dtype: tf.DType = tf.float32,
-    dim: int = 1,
-    devices: str | Sequence[str] | None = None,
-    partitioner: Partitioner = default_partition_fn,
-    shared_name: str | None = None,
-    name: str = "DynamicEmbedding_Variable",
-    initializer: Any = None,
-    trainable: bool = True,
-    checkpoint: bool = True,
-    init_size: int = 0,
-    kv_creator: HashTableCreator | None = None,
-    restrict_policy: Callable[[Variable], Any] | None = None,
-    bp_v2: bool = False,
-    short_file_name: bool = False,
-) -> dict[str, Any]:
-    """The Variable's arguments in TFRA's order (the dtypes first)."""
-    return dict(locals())
-
-
-class _Initializer:
-    """The rows given to missing keys: zeros, a constant, a ``[dim]`` row or a callable."""
-
-    def __init__(self, name: str, initializer: Any, value_dtype: tf.DType, dim: int) -> None:
-        self.name, self.value_dtype, self.dim = name, value_dtype, dim
-        self.function: Callable[..., Any] | None = None
-        self.constant: tf.Tensor | None = None
-        if initializer is None:
-            self.constant = tf.zeros([], value_dtype)
-        elif callable(initializer):
-            self.function = initializer
-            self._check_shape(self.rows(tf.constant(2)), "initializer output")
-        else:
-            array = np.asarray(initializer)
-            if array.ndim == 1 and array.shape[0] == 1:  # TFRA broadcasts a [1] row
-                array = array.reshape([])
-            if array.ndim > 1 or (array.ndim == 1 and array.shape[0] != dim):
-                raise VariableError(
-                    f"variable '{name}': expected an initializer of shape [] or [{dim}], "
-                    f"got {list(array.shape)}"
-                )
-            self.constant = tf.constant(array, dtype=value_dtype)
-
-    def _check_shape(self, rows: tf.Tensor, what: str) -> None:
-        if rows.shape.as_list() != [2, self.dim]:
-            raise VariableError(
-                f"variable '{self.name}': expected {what} of shape [2, {self.dim}] "
-                f"for 2 keys, got {rows.shape.as_list()}"
-            )
-
-    def constant_default(self) -> tf.Tensor | None:
-        """The default row for the table cores, or ``None`` when it is random."""
-        return self.constant
-
-    def rows(self, count: tf.Tensor) -> tf.Tensor:
-        """``count`` fresh rows, shape ``[count, dim]``."""
-        if self.function is None:
-            return tf.broadcast_to(self.constant, tf.stack([count, self.dim]))
-        rows = self.function(shape=tf.stack([count, self.dim]), dtype=self.value_dtype)
-        return tf.cast(rows, self.value_dtype)
-
-
-def _module_name(name: str) -> str:
-    cleaned = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
-    return cleaned if cleaned and not cleaned[0].isdigit() else f"v_{cleaned}"
-
-
-def _check_dtypes(name: str, key_dtype: Any, value_dtype: Any) -> tuple[tf.DType, tf.DType]:
-    key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
-    if key_dtype not in (*_INT_KEYS, tf.string):
-        raise VariableError(
-            f"variable '{name}': expected key_dtype int32, int64 or string, got {key_dtype.name}"
-        )
-    if not (value_dtype.is_floating or value_dtype.is_integer):
-        raise VariableError(
-            f"variable '{name}': expected a numeric value_dtype, got {value_dtype.name}"
-        )
-    return key_dtype, value_dtype
-
-
-def _check_dim(name: str, dim: Any) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-        raise VariableError(f"variable '{name}': expected dim >= 1, got {dim!r}")
-    return int(dim)
-
-
-def _resolve_devices(name: str, devices: str | Sequence[str] | None) -> list[str]:
-    if devices is None:
-        gpus = tf.config.list_logical_devices("GPU")
-        return [gpus[0].name if gpus else tf.config.list_logical_devices("CPU")[0].name]
-    if isinstance(devices, str):
-        devices = [devices]
-    if not devices:
-        raise VariableError(f"variable '{name}': expected at least one device, got []")
-    known = {
-        (spec.device_type, spec.device_index): device.name
-        for device in tf.config.list_logical_devices()
-        for spec in [tf.DeviceSpec.from_string(device.name)]
-    }
-    return [_resolve_device(name, device, known) for device in devices]
-
-
-def _resolve_device(name: str, device: str, known: dict[tuple[Any, Any], str]) -> str:
-    spec = tf.DeviceSpec.from_string(device if device.startswith("/") else f"/{device}")
-    if spec.job not in (None, "localhost"):
-        return device  # a remote device: placed by the cluster, not checked here
-    resolved = known.get(((spec.device_type or "").upper(), spec.device_index or 0))
-    if resolved is None:
-        raise VariableError(
-            f"variable '{name}': unknown device {device!r}; "
-            f"expected one of {sorted(known.values())}"
-        )
-    return resolved
 
 
 def get_variable(
