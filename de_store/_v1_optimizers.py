@@ -67,13 +67,13 @@ class V1Sparse:
             if wrapper is not None and grad is not None:
                 with tf.init_scope():
                     self._create_slots([wrapper])  # type: ignore[attr-defined]
-                # in a graph nothing orders reads after the lookup's writes but this
-                with tf.control_dependencies([_tensor_of(grad)]):
+                # in a graph nothing else orders these reads after the lookup's writes
+                with tf.control_dependencies(wrapper.last_load):
                     old = tf.identity(wrapper.read_value())
                     slots, assigns = self._load_slots(wrapper)
                 loaded.append((wrapper, old, slots))
                 loads += [old, *assigns]
-                grad = aggregate(grad, tf.shape(wrapper.ids)[0])
+                grad = aggregate(grad, tf.shape(old)[0])  # old: read after the lookup
             pairs.append((grad, var))
         with tf.control_dependencies(loads):
             op = super().apply_gradients(pairs, global_step, name)  # type: ignore[misc]
@@ -135,10 +135,6 @@ def _filled_with(rows: tf.Tensor) -> Any:
     if value is None:
         raise ValueError(f"slot initializer {rows.name}: expected a constant fill")
     return value
-
-
-def _tensor_of(grad: Any) -> tf.Tensor:
-    return grad.values if isinstance(grad, tf.IndexedSlices) else tf.convert_to_tensor(grad)
 
 
 @functools.cache

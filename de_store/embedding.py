@@ -55,6 +55,7 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
                 )
         self.params = params
         self.lookup_name = name
+        self.last_load: list[Any] = []  # in a graph: the assign ops of the last lookup built
 
     def _trackable_children(self, save_type: Any = "checkpoint", **kwargs: Any) -> Any:
         children = super()._trackable_children(save_type, **kwargs)
@@ -71,11 +72,10 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         """Read the rows of ``unique_ids`` from the tables into this variable; the assign
         ops (in a ``tf.compat.v1`` graph, reads must depend on them)."""
         values, existed = self.params.lookup(unique_ids, return_exists=True)
-        return [
-            self.ids.assign(unique_ids),
-            self.existed.assign(existed),
-            self.assign(values),
-        ]
+        ops = [self.ids.assign(unique_ids), self.existed.assign(existed), self.assign(values)]
+        if not tf.executing_eagerly():  # reads of this batch's state in a graph follow them
+            self.last_load = ops
+        return ops
 
 
 def trainable_wrapper(params: Variable, name: str = "lookup") -> TrainableWrapper:

@@ -13,7 +13,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables._index import handle_variable
-from de_store.tables._locking import critical_section
+from de_store.tables._locking import critical_section, with_graph_op
 from de_store.tables._probe import TableOps
 from de_store.tables._tracking import STAMP_DTYPE
 from de_store.tables._types import Config, State, View
@@ -46,14 +46,8 @@ class Kernels:
         ``tf.compat.v1`` graph, a kernel without outputs returns the operations its call
         added, grouped: what ``Session.run`` fetches to run it.
         """
-        graph = tf.compat.v1.get_default_graph()
-        if tf.executing_eagerly() or graph.building_function:
-            return getattr(self, name)(mutex, tuple(v.handle for v in state), *args)
-        before = len(graph.get_operations())
-        result = getattr(self, name)(mutex, tuple(v.handle for v in state), *args)
-        if result is None:
-            return tf.group(*graph.get_operations()[before:])
-        return result
+        handles = tuple(v.handle for v in state)
+        return with_graph_op(lambda: getattr(self, name)(mutex, handles, *args))
 
     def _function(self, name: str) -> tf.types.experimental.PolymorphicFunction:
         # The variables come in as resource handles (plain tensor inputs, so one trace

@@ -101,6 +101,18 @@ def locked(method: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> T:
-        return run_locked(self._mutex, functools.partial(method, self, **kwargs), *args)
+        call = functools.partial(method, self, **kwargs)
+        return with_graph_op(lambda: run_locked(self._mutex, call, *args))
 
     return run
+
+
+def with_graph_op(call: Callable[[], Any]) -> Any:
+    """``call()``; in a ``tf.compat.v1`` graph (not a function), a call returning nothing
+    returns the operations it added, grouped: what ``Session.run`` fetches to run it."""
+    graph = tf.compat.v1.get_default_graph()
+    if tf.executing_eagerly() or graph.building_function:
+        return call()
+    before = len(graph.get_operations())
+    result = call()
+    return tf.group(*graph.get_operations()[before:]) if result is None else result

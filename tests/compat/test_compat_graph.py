@@ -82,3 +82,20 @@ def test_sparse_lookup_runs_in_a_graph() -> None:
         session.run(tf.compat.v1.global_variables_initializer())
         session.run(seed)
         np.testing.assert_array_equal(session.run(out), expected)
+
+
+def test_string_keys_train_in_a_graph() -> None:
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        var = ds.get_variable("graph_words", key_dtype=tf.string, dim=2)
+        words = tf.constant([b"a", b"b", b"c"])
+        upsert, remove = var.upsert(words, tf.ones([3, 2])), var.remove(tf.constant([b"b"]))
+        out, wrapper = ds.embedding_lookup(var, words, name="lk", return_trainable=True)
+        optimizer = ds.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5))
+        train = optimizer.minimize(tf.reduce_sum(out), var_list=[wrapper])
+        lookup, size = var.lookup(words), var.size()
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(upsert)
+        session.run(remove)
+        assert session.run(size) == 2
+        session.run(train)  # b was missing: it starts from zeros
+        np.testing.assert_array_equal(session.run(lookup), [[0.5, 0.5], [-0.5, -0.5], [0.5, 0.5]])
