@@ -40,6 +40,23 @@ class V1Sparse:
             )
         return self._row_slot(wrapper, slot_name, initializer)
 
+    def _create_slots(self, var_list: list[Any]) -> None:
+        others = [v for v in var_list if wrapper_of(v) is None]
+        if others:
+            super()._create_slots(others)  # type: ignore[misc]
+        for wrapper in [v for v in var_list if wrapper_of(v) is not None]:
+            try:
+                super()._create_slots([wrapper])  # type: ignore[misc]
+            except ValueError:
+                # ProximalAdagrad builds its accumulator as a constant of the variable's
+                # shape, which a wrapper's [None, dim] cannot give: make that slot here
+                value = getattr(self, "_initial_accumulator_value", None)
+                if value is None:
+                    raise
+                self._row_slot(
+                    wrapper, "accumulator", lambda shape, dtype, value=value: np.full(shape, value)
+                )
+
     def _row_slot(self, wrapper: TrainableWrapper, slot_name: str, initializer: Any) -> Any:
         named = self._slot_dict(slot_name)  # type: ignore[attr-defined]
         key = v1_optimizer._var_key(wrapper)

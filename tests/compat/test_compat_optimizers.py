@@ -33,7 +33,13 @@ V1 = {
     "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.1),
-    "rmsprop": lambda: tf.compat.v1.train.RMSPropOptimizer(0.05, momentum=0.5),
+    "rmsprop": lambda: tf.compat.v1.train.RMSPropOptimizer(0.05, momentum=0.5, centered=True),
+    "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.1),
+    "proximal_adagrad": lambda: tf.compat.v1.train.ProximalAdagradOptimizer(0.1),
+    "proximal_gd": lambda: tf.compat.v1.train.ProximalGradientDescentOptimizer(
+        0.1, l1_regularization_strength=0.01
+    ),
+    "adadelta": lambda: tf.compat.v1.train.AdadeltaOptimizer(1.0),
 }
 
 
