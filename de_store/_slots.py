@@ -8,7 +8,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-#: Slot columns named before every optimizer's slots were kept: Adam's and Adagrad's.
+#: Slot columns with names of their own (Keras Adam's and Adagrad's, as checkpoints hold them).
 _COLUMNS = {
     ("adam", "momentum"): "adam_m",
     ("adam", "velocity"): "adam_v",
@@ -26,9 +26,32 @@ def aggregate(grad: Any, count: tf.Tensor) -> tf.Tensor:
 
 
 def slot_column(optimizer: str, slot: str) -> str:
-    """The companion column of slot ``slot`` of optimizer class ``optimizer``."""
-    key = (optimizer.lower(), slot)
+    """The companion column of slot ``slot`` of optimizer class ``optimizer`` (a Keras or
+    ``tf.compat.v1`` class name: ``Adam`` and ``AdamOptimizer`` name the same columns)."""
+    key = (optimizer.removesuffix("Optimizer").lower(), slot)
     return _COLUMNS.get(key, f"{key[0]}_{slot}")
+
+
+def row_slot_variable(wrapper: Any, slot: str) -> tf.Variable:
+    """A slot variable for ``wrapper``'s batch rows: ``[None, dim]``, as a wrapper's row
+    count changes with every batch (an optimizer would make it the wrapper's shape)."""
+    params = wrapper.params
+    with tf.init_scope(), tf.device(wrapper.device):
+        return tf.Variable(
+            tf.zeros([0, params.dim], params.value_dtype),
+            shape=tf.TensorShape([None, params.dim]),
+            trainable=False,
+            name=f"{params.name}/{slot}".replace(":", "_"),
+        )
+
+
+def load_slot(wrapper: Any, column: str, slot: Any, initializer: Any) -> tuple[Slot, Any]:
+    """Read the batch's rows of companion ``column`` (made with ``initializer`` if new)
+    into ``slot``: the :data:`Slot` to write back later, and the assign op."""
+    params = wrapper.params
+    companion = params.companion(column, params.dim, params.value_dtype, initializer)
+    values, existed = companion.lookup(wrapper.ids, return_exists=True)
+    return (companion, values, existed, slot), slot.assign(values)
 
 
 def slot_initializer(initializer: Any) -> Any:

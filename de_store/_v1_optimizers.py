@@ -16,7 +16,14 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.training import optimizer as v1_optimizer
 
-from de_store._slots import Slot, aggregate, slot_column, write_back_rows
+from de_store._slots import (
+    Slot,
+    aggregate,
+    load_slot,
+    row_slot_variable,
+    slot_column,
+    write_back_rows,
+)
 from de_store.embedding import TrainableWrapper, wrapper_of
 
 
@@ -61,14 +68,8 @@ class V1Sparse:
         named = self._slot_dict(slot_name)  # type: ignore[attr-defined]
         key = v1_optimizer._var_key(wrapper)
         if key not in named:
-            params = wrapper.params
-            with tf.init_scope(), tf.device(wrapper.device):
-                named[key] = tf.Variable(
-                    tf.zeros([0, params.dim], params.value_dtype),
-                    shape=tf.TensorShape([None, params.dim]),
-                    trainable=False,
-                    name=f"{params.name}/{slot_name}".replace(":", "_"),
-                )
+            named[key] = row_slot_variable(wrapper, slot_name)
+            with tf.init_scope():
                 self.__dict__.setdefault("_de_initial_rows", {})[slot_name] = _initial_row(
                     initializer, wrapper
                 )
@@ -103,23 +104,16 @@ class V1Sparse:
     def _load_slots(self, wrapper: TrainableWrapper) -> tuple[list[Slot], list[Any]]:
         """Read the batch's rows of every slot from its companion table into the slot
         variable; the slots and the assign ops."""
-        params, ids = wrapper.params, wrapper.ids
-        optimizer = type(self).__name__.removesuffix("Optimizer")
         initial_rows = self.__dict__.get("_de_initial_rows", {})
         slots, assigns = [], []
         for slot_name in sorted(self.get_slot_names()):  # type: ignore[attr-defined]
             slot = self.get_slot(wrapper, slot_name)  # type: ignore[attr-defined]
             if slot is None:
                 continue
-            companion = params.companion(
-                slot_column(optimizer, slot_name),
-                params.dim,
-                params.value_dtype,
-                initial_rows.get(slot_name),
-            )
-            values, existed = companion.lookup(ids, return_exists=True)
-            assigns.append(slot.assign(values))
-            slots.append((companion, values, existed, slot))
+            column = slot_column(type(self).__name__, slot_name)
+            loaded, assign = load_slot(wrapper, column, slot, initial_rows.get(slot_name))
+            slots.append(loaded)
+            assigns.append(assign)
         return slots, assigns
 
 
@@ -150,7 +144,10 @@ def _filled_with(rows: tf.Tensor) -> Any:
     if value is None and op.type == "Fill":
         value = tf.get_static_value(op.inputs[1])
     if value is None:
-        raise ValueError(f"slot initializer {rows.name}: expected a constant fill")
+        raise ValueError(
+            f"slot initializer {rows.name}: expected a constant fill (Fill, OnesLike or "
+            f"ZerosLike of a constant), got a {op.type} op"
+        )
     return value
 
 

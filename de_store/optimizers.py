@@ -24,7 +24,14 @@ import keras
 import tensorflow as tf
 
 from de_store import _v1_optimizers
-from de_store._slots import aggregate, slot_column, slot_initializer, write_back_rows
+from de_store._slots import (
+    aggregate,
+    load_slot,
+    row_slot_variable,
+    slot_column,
+    slot_initializer,
+    write_back_rows,
+)
 from de_store.embedding import TrainableWrapper, wrapper_of
 from de_store.errors import VariableError
 
@@ -45,14 +52,7 @@ class _RowSlots:
             return super().add_variable_from_reference(  # type: ignore[misc]
                 reference_variable, name=name, initializer=initializer
             )
-        params = wrapper.params
-        with tf.init_scope(), tf.device(wrapper.device):
-            slot = tf.Variable(
-                tf.zeros([0, params.dim], params.value_dtype),
-                shape=tf.TensorShape([None, params.dim]),
-                trainable=False,
-                name=f"{params.name}/{name}".replace(":", "_"),
-            )
+        slot = row_slot_variable(wrapper, name or "var")
         self._de_slots.append((name or "var", slot, initializer))  # type: ignore[attr-defined]
         return slot
 
@@ -92,7 +92,10 @@ class _SparseMixin:
             with tf.GradientTape() as tape:
                 loss = loss()
         if tape is None:
-            raise ValueError("minimize: a loss tensor needs the GradientTape it was computed on")
+            raise ValueError(
+                "minimize: expected a callable loss, or a loss tensor with the GradientTape "
+                "it was computed under; got a tensor and tape=None"
+            )
         variables = list(var_list() if callable(var_list) else var_list)
         grads = tape.gradient(loss, variables)
         self.apply(grads, variables)
@@ -121,20 +124,14 @@ class _SparseMixin:
         return inner
 
     def _apply_sparse(self, grad: Any, wrapper: TrainableWrapper) -> None:
-        params, ids = wrapper.params, wrapper.ids
         inner = self._rows_optimizer(wrapper)
         keras_name = self._keras_class().__name__
-        slots = []
-        for name, slot, initializer in inner._de_slots:
-            column = slot_column(keras_name, name)
-            companion = params.companion(
-                column, params.dim, params.value_dtype, slot_initializer(initializer)
-            )
-            values, existed = companion.lookup(ids, return_exists=True)
-            slot.assign(values)
-            slots.append((companion, values, existed, slot))
+        slots = [
+            load_slot(wrapper, slot_column(keras_name, name), slot, slot_initializer(init))[0]
+            for name, slot, init in inner._de_slots
+        ]
         old = tf.convert_to_tensor(wrapper)
-        grad = tf.cast(aggregate(grad, tf.shape(ids)[0]), old.dtype)
+        grad = tf.cast(aggregate(grad, tf.shape(wrapper.ids)[0]), old.dtype)
         if getattr(inner, "weight_decay", None):
             inner._apply_weight_decay([wrapper])
         inner._backend_update_step([grad], [wrapper], inner.learning_rate)

@@ -39,7 +39,7 @@ def embedding_lookup_sparse(
     divided by the root of the sum of squared weights).
     """
     del partition_strategy
-    _check_sparse(sp_ids, sp_weights, combiner)
+    _check_sparse(params, sp_ids, sp_weights, combiner)
     unique_ids, positions = tf.unique(sp_ids.values, out_idx=tf.int64)
     rows, wrapper = embedding_lookup(
         params, unique_ids, name=name, max_norm=max_norm, return_trainable=True
@@ -65,7 +65,7 @@ def safe_embedding_lookup_sparse(
     """:func:`embedding_lookup_sparse` for ids of any rank ``>= 2`` ``[d0, ..., dn]``,
     with empty rows allowed: the result is ``[d0, ..., d(n-1), dim]``."""
     del partition_strategy
-    _check_sparse(sparse_ids, sparse_weights, combiner)
+    _check_sparse(embedding_weights, sparse_ids, sparse_weights, combiner)
     shape = tf.cast(sparse_ids.dense_shape, tf.int64)
     rank = tf.size(shape)
     flat_shape = tf.stack([tf.reduce_prod(shape[:-1]), shape[-1]])
@@ -114,12 +114,16 @@ def embedding_lookup_unique(
     )
 
 
-def _check_sparse(ids: Any, weights: Any, combiner: str) -> None:
+def _check_sparse(params: Any, ids: Any, weights: Any, combiner: str) -> None:
+    where = f"variable '{getattr(params, 'name', params)}'"
     if combiner not in _COMBINERS:
-        raise ValueError(f"combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}")
+        raise ValueError(
+            f"{where}: combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}"
+        )
     if not isinstance(ids, tf.SparseTensor):
-        raise TypeError(f"sparse ids must be a tf.SparseTensor, got {type(ids).__name__}")
+        raise TypeError(f"{where}: sparse ids must be a tf.SparseTensor, got {type(ids).__name__}")
     if weights is not None and not isinstance(weights, tf.SparseTensor):
         raise TypeError(
-            f"sparse weights must be None or a tf.SparseTensor, got {type(weights).__name__}"
+            f"{where}: sparse weights must be None or a tf.SparseTensor, "
+            f"got {type(weights).__name__}"
         )

@@ -408,13 +408,7 @@ class Variable(tf.Module):
         keys = self._flat_keys(keys)
         old, new = self._rows(old, "old_values"), self._rows(new, "new_values")
         existed = tf.reshape(tf.convert_to_tensor(existed, tf.bool), [-1])
-        missing = tf.logical_not(existed)
-        missing_keys, missing_new = tf.boolean_mask(keys, missing), tf.boolean_mask(new, missing)
-        _, present = self._lookup_flat(missing_keys)
-        absent = tf.logical_not(present)
-        inserted = self.upsert(
-            tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_new, absent)
-        )
+        inserted = self._insert_absent(keys, new, tf.logical_not(existed))
         with tf.control_dependencies(after(inserted)):
             return self._accum_deltas(
                 tf.boolean_mask(keys, existed), tf.boolean_mask(new - old, existed), False
@@ -432,15 +426,17 @@ class Variable(tf.Module):
         """
         if not self.bp_v2:
             return self.upsert(keys, new)
-        missing = tf.logical_not(existed)
-        missing_keys, missing_old = tf.boolean_mask(keys, missing), tf.boolean_mask(old, missing)
-        _, inserted_since = self._lookup_flat(missing_keys)
-        absent = tf.logical_not(inserted_since)
-        inserted = self.upsert(
-            tf.boolean_mask(missing_keys, absent), tf.boolean_mask(missing_old, absent)
-        )
+        inserted = self._insert_absent(keys, old, tf.logical_not(existed))
         with tf.control_dependencies(after(inserted)):
             return self.accum(keys, new - old, True)
+
+    def _insert_absent(self, keys: tf.Tensor, rows: tf.Tensor, candidates: tf.Tensor) -> Any:
+        """Insert the ``rows`` of the ``candidates`` among ``keys`` that are absent now (not
+        inserted by another writer since they were read); the op, in a graph."""
+        keys, rows = tf.boolean_mask(keys, candidates), tf.boolean_mask(rows, candidates)
+        _, present = self._lookup_flat(keys)
+        absent = tf.logical_not(present)
+        return self.upsert(tf.boolean_mask(keys, absent), tf.boolean_mask(rows, absent))
 
     @_exclusive
     def remove(self, keys: Any) -> Any:
@@ -547,8 +543,8 @@ class Variable(tf.Module):
     # ---- change tracking ----------------------------------------------------------------
     @property
     def tables(self) -> list[TableCore]:
-        """The table cores of this variable, one per device (TFRA's ``tables``)."""
-        return list(self._shards)
+        """TFRA's name for :attr:`shards`."""
+        return self.shards
 
     def all_tables(self) -> list[TableCore]:
         """Every table core of this variable and of its companions."""

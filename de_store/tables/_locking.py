@@ -110,8 +110,10 @@ def locked(method: Callable[..., T]) -> Callable[..., T]:
 def with_graph_op(call: Callable[[], Any]) -> Any:
     """``call()``; in a ``tf.compat.v1`` graph (not a function), a call returning nothing
     returns the operations it added, grouped: what ``Session.run`` fetches to run it."""
+    if tf.executing_eagerly():
+        return call()
     graph = tf.compat.v1.get_default_graph()
-    if tf.executing_eagerly() or graph.building_function:
+    if graph.building_function:
         return call()
     before = len(graph.get_operations())
     result = call()

@@ -116,8 +116,12 @@ def test_embedding_lookup_unique_has_the_shape_of_the_ids() -> None:
 def test_bad_combiner_and_dense_ids_are_refused() -> None:
     var = table("refused")
     with pytest.raises(
-        ValueError, match=r"combiner must be one of 'mean', 'sqrtn' or 'sum', got 'max'"
+        ValueError,
+        match=r"variable 'refused': combiner must be one of 'mean', 'sqrtn' or 'sum', got 'max'",
     ):
         ds.embedding_lookup_sparse(var, IDS, None, combiner="max")
-    with pytest.raises(TypeError, match=r"sparse ids must be a tf.SparseTensor, got EagerTensor"):
+    with pytest.raises(
+        TypeError,
+        match=r"variable 'refused': sparse ids must be a tf.SparseTensor, got EagerTensor",
+    ):
         ds.safe_embedding_lookup_sparse(var, tf.constant([[1]], tf.int64))
