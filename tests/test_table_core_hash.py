@@ -24,6 +24,14 @@ class TestHashTableUnorderedScatters(TableCoreTests):
         return with_unordered_scatters(HashTable(key_dtype, value_dtype, dim, name=name))
 
 
+class TestHashTableFixedShapes(TableCoreTests):
+    """The layout of a table on a parameter server: every variable keeps its shape, and
+    the table grows into new variables."""
+
+    def make_table(self, key_dtype, value_dtype, dim, name):
+        return HashTable(key_dtype, value_dtype, dim, name=name, fixed_shapes=True)
+
+
 def test_dynamic_length_mismatch_fails_before_any_change():
     table = HashTable(tf.int64, tf.float32, 3, name="emb/user")
     insert = tf.function(

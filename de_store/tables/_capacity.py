@@ -35,6 +35,47 @@ class CapacityOps:
         self.reserve(count)
         self._ensure_rows(self.t.next_row + tf.maximum(count - self.t.num_free, 0), False)
 
+    def room_check(self, kernel: str, args: tuple[tf.Tensor, ...], label: tf.Tensor) -> Any:
+        """An assertion that kernel ``kernel`` on ``args`` fits a fixed-shape table as it is
+        (``None`` for kernels that add nothing): every key of the batch counted as new, so
+        the growth branches of the operation are never taken."""
+        t = self.t
+        if kernel in ("insert", "load_distinct", "accum_insert", "prepare"):
+            incoming = args[0] if kernel == "prepare" else tf.size(args[0], out_type=tf.int64)
+            capacity = variable_length(t.index)
+            limit = tf.cast(tf.cast(capacity, tf.float64) * t.max_load_factor, tf.int64)
+            rows = variable_length(t.values)
+            rows_needed = t.next_row + tf.maximum(incoming - t.num_free, 0)
+            fits = tf.logical_and(t.num_keys + incoming <= limit, rows_needed <= rows)
+            found = ["keys held", t.num_keys, "incoming up to", incoming]
+            room = ["index capacity", capacity, "load limit", limit, "rows", rows]
+        elif kernel == "remove" and t.track_changes:
+            incoming = tf.size(args[0], out_type=tf.int64)
+            log = variable_length(t.removed)
+            fits = t.num_removed + incoming <= log
+            found = ["removals logged", t.num_removed, "incoming up to", incoming]
+            room = ["removal log", log]
+        else:
+            return None
+        return tf.debugging.Assert(
+            fits,
+            [
+                label,
+                ": this fixed-shape table has no room for the batch:",
+                *found,
+                *room,
+                "; call reserve() (Variable.reserve) outside tf.function, between steps, or "
+                "create it with a larger init_size",
+            ],
+            summarize=1,
+        )
+
+    def place_entries(self, entries: tf.Tensor) -> None:
+        """Place index ``entries`` ``[n, 2]`` (distinct keys, their rows) into an empty
+        index: the rehash of a fixed-shape table into a bigger index variable."""
+        self.place_from_home(entries[:, 0], entries[:, 1])
+        self.t.num_deleted.assign(0)
+
     def reserve(self, incoming: tf.Tensor) -> None:
         """Rehash into a bigger index first when ``incoming`` new keys could overflow it."""
         t = self.t

@@ -34,6 +34,8 @@ class Kernels:
         self.config = config
         names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
         names += ["clear", "prepare", "export_all", "export_changes", "forget_removed", "size"]
+        if config.fixed_shapes:
+            names.append("place_entries")
         for name in names:
             setattr(self, name, self._function(name))
 
@@ -54,7 +56,11 @@ class Kernels:
         # serves every table); a function given variables would capture the first ones.
         def kernel(mutex: tf.Tensor, handles: tuple[tf.Tensor, ...], *args: tf.Tensor) -> object:
             state = State(*map(handle_variable, handles, self._variable_specs()))
-            operation = getattr(TableOps(View(self.config, state)), name)
+            ops = TableOps(View(self.config, state))
+            operation = getattr(ops, name)
+            if self.config.fixed_shapes:  # the last argument names the table
+                *args, label = args  # type: ignore[assignment]
+                operation = _checked(operation, ops, name, args, label)
             if not self.config.locked:
                 return operation(*args)
             return critical_section(mutex, [handles, *args], lambda: operation(*args))
@@ -71,9 +77,12 @@ class Kernels:
             "prepare": [count],
             "export_changes": [count],
             "forget_removed": [count],
+            "place_entries": [tf.TensorSpec([None, 2], tf.int64)],
         }
         handles = tuple(tf.TensorSpec([], tf.resource) for _ in State._fields)
         signature = [tf.TensorSpec([], tf.resource), handles, *args.get(name, [keys, rows])]
+        if self.config.fixed_shapes:
+            signature.append(tf.TensorSpec([], tf.string))
         # TensorFlow counts the traces of a function under its Python code object, which
         # every kernel of every config shares: their first (and only) traces would read as
         # one function retracing and log its warning. A partial has no code of its own, so
@@ -89,6 +98,18 @@ class Kernels:
         stamps = tf.TensorSpec([None], STAMP_DTYPE)
         index = tf.TensorSpec([None, 2], tf.int64)
         return [index, rows, ids, *[counter] * 4, stamps, counter, ids, ids, counter]
+
+
+def _checked(operation: Any, ops: TableOps, name: str, args: Any, label: tf.Tensor) -> Any:
+    """``operation`` run after the room check of a fixed-shape table: every op it builds
+    waits for the check, so a batch that does not fit writes nothing."""
+
+    def run(*args: tf.Tensor) -> Any:
+        check = ops.room_check(name, tuple(args), label)
+        with tf.control_dependencies([check] if check is not None else []):
+            return operation(*args)
+
+    return run
 
 
 @functools.cache

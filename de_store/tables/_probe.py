@@ -510,6 +510,9 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         they are handed out, and an index without keys or tombstones is all empty.
         """
         t = self.t
+        if t.fixed_shapes:
+            self._clear_in_place()
+            return
         capacity = tf.constant(t.init_capacity, tf.int64)
         used = tf.logical_or(
             t.num_keys + t.num_deleted > 0, tf.not_equal(variable_length(t.index), capacity)
@@ -537,6 +540,14 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         if t.track_changes:  # the epoch goes on: a cleared table has no history
             t.removed.assign(tf.zeros([16], tf.int64))
             t.removed_at.assign(tf.zeros([16], tf.int64))
+
+    def _clear_in_place(self) -> None:
+        """``clear`` of a fixed-shape table: every variable keeps its shape; the index is
+        emptied and the counters reset (rows are written when handed out)."""
+        t = self.t
+        replace(t.index, empty_index(variable_length(t.index)))
+        for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row, t.num_removed):
+            counter.assign(0)
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """``(keys, values)`` of every live slot, read in one pass."""

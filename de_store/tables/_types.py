@@ -32,6 +32,10 @@ class Config:
     #: Whether the kernels hold the table's mutex. Tables always do; kernels without it
     #: exist to measure the lock's cost (``de_store.testing.tables.without_lock``).
     locked: bool = True
+    #: Every variable keeps the shape it was created with (see *Fixed shapes* in
+    #: :mod:`~de_store.tables.hash_table`): an operation that needs more room than the
+    #: table has fails before it writes, instead of growing the variables.
+    fixed_shapes: bool = False
 
 
 class State(NamedTuple):

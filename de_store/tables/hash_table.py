@@ -60,6 +60,20 @@ The kernels are ``tf.function`` s shared by every table of one configuration (dt
 sizing), traced once and given the variables' resource handles and the table's mutex;
 inside a caller's ``tf.function`` they are called as functions too.
 
+Fixed shapes
+------------
+A table on another task's device (a parameter server) keeps every variable at the shape it
+was created with: TensorFlow cannot hand a worker a remote variable of unknown shape (a
+step that touches one aborts the worker), and a traced step cannot create variables. Such
+a table (``fixed_shapes``; by default, when its device belongs to another job or task than
+this process) grows into new, bigger variables, created eagerly on its device, and kernels
+in a ``tf.function`` read the table's current variables at each call
+(``capture_call_time_value``), so steps traced before a growth use the variables after
+it. Inside a ``tf.function`` a batch that needs more room than the table has fails, naming
+the table, before it writes anything; between steps, ``reserve`` (and every eager insert)
+grows the table. A growth replaces the variables, so it must not overlap a running step
+(under a ``ClusterCoordinator``, call it after ``join``).
+
 Threads
 -------
 Every kernel takes the table's mutex (a ``MutexV2`` resource, :mod:`._locking`) after its
@@ -79,7 +93,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
-from de_store.tables import _checks, _index, _kernels, _locking, _tracking, _types
+from de_store.tables import _checks, _fixed, _index, _kernels, _locking, _tracking, _types
 from de_store.tables.base import TableCore
 
 _KEY_DTYPES = (tf.int64, tf.int32)
@@ -110,6 +124,10 @@ class HashTable(TableCore):
         Stamp every written row with the current change epoch (4 bytes a row) and log
         removed keys, so that :meth:`export_changes` can list what changed since a mark
         (incremental checkpoints). ``False`` saves that memory and the per-write scatter.
+    fixed_shapes
+        Keep every variable's shape fixed and grow into new variables, eagerly (see *Fixed
+        shapes* in the module docstring). ``None``: when the table's device belongs to
+        another job or task than this process (a parameter server).
 
     The variables live on the device in scope when the table is created, and every
     operation runs there.
@@ -131,6 +149,7 @@ class HashTable(TableCore):
         max_load_factor: float = 0.75,
         row_growth: float = 1.25,
         track_changes: bool = True,
+        fixed_shapes: bool | None = None,
     ) -> None:
         key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
         _checks.check_config(name, key_dtype, value_dtype, dim, _KEY_DTYPES)
@@ -148,12 +167,18 @@ class HashTable(TableCore):
         self._stored_dtype = tf.int64 if value_dtype == tf.int32 else value_dtype
         self.init_capacity = _index.capacity_for(max(init_size, 1), self.max_load_factor)
         rows = max(init_size, 16)
+        if fixed_shapes is None:
+            fixed_shapes = _fixed.is_remote(_device_in_scope())
+        self.fixed_shapes = bool(fixed_shapes)
+        fixed = self.fixed_shapes
+        # a fixed-shape table's free list holds every row, so that a removal never outgrows it
+        free_rows = rows if fixed else 16
         with tf.name_scope(self.name):
             self.index = _variable(
-                "index", _index.empty_index(tf.constant(self.init_capacity, tf.int64))
+                "index", _index.empty_index(tf.constant(self.init_capacity, tf.int64)), fixed
             )
-            self.values = _variable("values", tf.zeros([rows, dim], self._stored_dtype))
-            self.free_rows = _variable("free_rows", tf.zeros([16], tf.int64))
+            self.values = _variable("values", tf.zeros([rows, dim], self._stored_dtype), fixed)
+            self.free_rows = _variable("free_rows", tf.zeros([free_rows], tf.int64), fixed)
             self.num_keys = tf.Variable(tf.constant(0, tf.int64), name="num_keys", trainable=False)
             self.num_deleted = tf.Variable(
                 tf.constant(0, tf.int64), name="num_deleted", trainable=False
@@ -162,10 +187,10 @@ class HashTable(TableCore):
             self.next_row = tf.Variable(tf.constant(0, tf.int64), name="next_row", trainable=False)
             self.track_changes = bool(track_changes)
             stamp_rows = rows if self.track_changes else 16
-            self.stamps = _variable("stamps", tf.zeros([stamp_rows], _tracking.STAMP_DTYPE))
+            self.stamps = _variable("stamps", tf.zeros([stamp_rows], _tracking.STAMP_DTYPE), fixed)
             self.epoch = tf.Variable(tf.constant(1, tf.int64), name="epoch", trainable=False)
-            self.removed = _variable("removed", tf.zeros([16], tf.int64))
-            self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64))
+            self.removed = _variable("removed", tf.zeros([16], tf.int64), fixed)
+            self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64), fixed)
             self.num_removed = tf.Variable(
                 tf.constant(0, tf.int64), name="num_removed", trainable=False
             )
@@ -181,8 +206,10 @@ class HashTable(TableCore):
                 self.track_changes,
                 rows,
                 serial_scatter=tf.DeviceSpec.from_string(self._device).device_type == "CPU",
+                fixed_shapes=fixed,
             )
         )
+        self._growth = _fixed.Growth(self) if fixed else None
 
     # -- contract ----------------------------------------------------------------------
     def lookup(
@@ -232,9 +259,13 @@ class HashTable(TableCore):
         return self._run("size")
 
     def reserve(self, count: int) -> None:
-        """Grow once so that ``count`` more keys fit without growing again (bulk loads)."""
+        """Grow once so that ``count`` more keys fit without growing again (bulk loads;
+        between the steps of a fixed-shape table)."""
         if count > 0:
-            self._run("prepare", tf.constant(count, tf.int64))
+            if self._growth is not None and tf.executing_eagerly():
+                self._growth.make_room(count, removals=count)
+            else:
+                self._run("prepare", tf.constant(count, tf.int64))
 
     def clear(self) -> Any:
         """Remove every key; the index and the row store return to their initial sizes."""
@@ -288,6 +319,8 @@ class HashTable(TableCore):
     # -- helpers -----------------------------------------------------------------------
     def _run(self, kernel: str, *args: tf.Tensor) -> Any:
         """Run a shared kernel on this table's variables, holding its mutex."""
+        if self._growth is not None:
+            return self._growth.run(kernel, args)
         with tf.device(self._device):
             return self._kernels.run(kernel, self._mutex.resource_handle, self._state, *args)
 
@@ -339,7 +372,15 @@ def _repeated(table: HashTable, count: int | None) -> str:
     )
 
 
-def _variable(name: str, initial: tf.Tensor) -> tf.Variable:
-    """A non-trainable variable whose leading dimension may change (growth, restore)."""
+def _variable(name: str, initial: tf.Tensor, fixed: bool) -> tf.Variable:
+    """A non-trainable variable whose leading dimension may change (growth, restore), or,
+    ``fixed``, keeps the shape of ``initial`` (:func:`._fixed.fixed_variable`)."""
+    if fixed:
+        return _fixed.fixed_variable(name, initial)
     shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
     return tf.Variable(initial, name=name, trainable=False, shape=shape)
+
+
+def _device_in_scope() -> tf.DeviceSpec:
+    """The device scope a table is created in (eagerly; empty in a graph)."""
+    return tf.DeviceSpec.from_string(_fixed.eager_device_scope())
