@@ -59,7 +59,7 @@ def test_a_step_without_room_fails_naming_the_table_and_writes_nothing():
     insert = tf.function(lambda keys: table.insert(keys, _rows(keys)))
     before = content(table)
     with pytest.raises(
-        tf.errors.InvalidArgumentError, match="table ps/user on .*no room for the batch"
+        tf.errors.InvalidArgumentError, match=r"table ps/user on .*no room for the batch"
     ) as err:
         insert(tf.range(10, 1010, dtype=tf.int64))
     assert "reserve()" in str(err.value)
