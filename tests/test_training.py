@@ -147,3 +147,45 @@ def test_ctr_example_loss_falls() -> None:
     result = train(CtrConfig(steps=8, batch_size=8192, fields=8), verbose=False)
     assert result["distinct_ids"] > 200_000
     assert result["last_loss"] < result["first_loss"]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.SGD(0.1),
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+        lambda: keras.optimizers.Adagrad(0.1),
+        lambda: keras.optimizers.Adam(0.1),
+    ],
+    ids=["sgd", "sgd-momentum", "sgd-nesterov", "adagrad", "adam"],
+)
+def test_row_gradients_match_keras_on_dense_rows(make) -> None:  # type: ignore[no-untyped-def]
+    """apply_row_gradients (the update of ParameterServerStrategy steps, no batch
+    variables) trains as the Keras optimizer does on a dense table of the same rows."""
+    var = ds.Variable("row_grads", dim=2, devices=CPUS[:2], initializer=np.array([0.5, -0.5]))
+    optimizer = optimizers.DynamicEmbeddingOptimizer(make())
+
+    @tf.function
+    def step(ids: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            rows = var.lookup(ids)
+            tape.watch(rows)
+            loss = _loss(rows)
+        optimizer.apply_row_gradients([(tape.gradient(loss, rows), ids, var)])
+
+    for _ in range(3):
+        step(tf.constant(IDS))
+    expected = _dense_reference(make(), np.array([[0.5, -0.5]] * 3, np.float32), 3)
+    values = var.lookup(tf.constant([3, 7, -2], tf.int64)).numpy()
+    np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-6)
+    assert int(optimizer.iterations) == 3
+
+
+def test_row_gradients_refuse_an_optimizer_without_a_row_rule() -> None:
+    var = ds.Variable("row_grads_rms", dim=2)
+    optimizer = optimizers.DynamicEmbeddingOptimizer(keras.optimizers.RMSprop(0.1))
+    with pytest.raises(
+        ds.errors.VariableError, match="expected an SGD, Adagrad or Adam optimizer, got RMSprop"
+    ):
+        optimizer.apply_row_gradients([(tf.ones([1, 2]), tf.constant([1], tf.int64), var)])

@@ -179,21 +179,17 @@ class HashTable(TableCore):
             )
             self.values = _variable("values", tf.zeros([rows, dim], self._stored_dtype), fixed)
             self.free_rows = _variable("free_rows", tf.zeros([free_rows], tf.int64), fixed)
-            self.num_keys = tf.Variable(tf.constant(0, tf.int64), name="num_keys", trainable=False)
-            self.num_deleted = tf.Variable(
-                tf.constant(0, tf.int64), name="num_deleted", trainable=False
-            )
-            self.num_free = tf.Variable(tf.constant(0, tf.int64), name="num_free", trainable=False)
-            self.next_row = tf.Variable(tf.constant(0, tf.int64), name="next_row", trainable=False)
+            self.num_keys = _counter("num_keys", 0, fixed)
+            self.num_deleted = _counter("num_deleted", 0, fixed)
+            self.num_free = _counter("num_free", 0, fixed)
+            self.next_row = _counter("next_row", 0, fixed)
             self.track_changes = bool(track_changes)
             stamp_rows = rows if self.track_changes else 16
             self.stamps = _variable("stamps", tf.zeros([stamp_rows], _tracking.STAMP_DTYPE), fixed)
-            self.epoch = tf.Variable(tf.constant(1, tf.int64), name="epoch", trainable=False)
+            self.epoch = _counter("epoch", 1, fixed)
             self.removed = _variable("removed", tf.zeros([16], tf.int64), fixed)
             self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64), fixed)
-            self.num_removed = tf.Variable(
-                tf.constant(0, tf.int64), name="num_removed", trainable=False
-            )
+            self.num_removed = _counter("num_removed", 0, fixed)
         self._device = self.index.device
         self._mutex = _locking.TableMutex(self._device)
         self._kernels = _kernels.kernels_for(
@@ -379,6 +375,13 @@ def _variable(name: str, initial: tf.Tensor, fixed: bool) -> tf.Variable:
         return _fixed.fixed_variable(name, initial)
     shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
     return tf.Variable(initial, name=name, trainable=False, shape=shape)
+
+
+def _counter(name: str, value: int, fixed: bool) -> tf.Variable:
+    """An int64 scalar variable (placed as :func:`_variable` places it)."""
+    if fixed:
+        return _fixed.fixed_variable(name, tf.constant(value, tf.int64))
+    return tf.Variable(tf.constant(value, tf.int64), name=name, trainable=False)
 
 
 def _device_in_scope() -> tf.DeviceSpec:
