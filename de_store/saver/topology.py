@@ -1,7 +1,8 @@
 """Which process this is, and how many take part in a save.
 
 ``proc_size`` / ``proc_rank`` are given explicitly or detected, in this order, from
-``TF_CONFIG`` (a ``tf.distribute`` multi-worker cluster), Open MPI launch variables
+``TF_CONFIG`` (a ``tf.distribute`` multi-worker cluster: chief and workers are ranks; in a
+cluster with ``ps`` tasks the chief alone saves), Open MPI launch variables
 (``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_RANK``) and PMI variables
 (``PMI_SIZE`` / ``PMI_RANK``, set by MPICH, Intel MPI and Slurm). Without any of them the
 job is a single process.
@@ -86,6 +87,13 @@ def _from_tf_config(env: Mapping[str, str]) -> Topology | None:
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"TF_CONFIG is not valid cluster JSON: {raw!r}") from err
     if task_type not in _WORKER_TASK_TYPES:
+        return None
+    if cluster.get("ps"):
+        # A parameter-server cluster: its chief (worker 0 without one) runs the training
+        # loop and saves alone; the tables live on the PS tasks and are read from there.
+        coordinator = "chief" if cluster.get("chief") else "worker"
+        if (task_type, index) == (coordinator, 0):
+            return Topology(1, 0, "TF_CONFIG")
         return None
     chiefs = len(cluster.get("chief", []))
     workers = len(cluster.get("worker", []))

@@ -19,9 +19,25 @@ def test_single_process_without_launch_variables() -> None:
 
 
 def test_tf_config_counts_chief_then_workers() -> None:
-    cluster = {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"], "ps": ["h3:1"]}
+    cluster = {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"]}
     config = {"cluster": cluster, "task": {"type": "worker", "index": 1}}
     assert detect_topology(environ={"TF_CONFIG": json.dumps(config)}) == Topology(3, 2, "TF_CONFIG")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "task", "source"),
+    [
+        ({"chief": ["h0:1"], "worker": ["h1:1"], "ps": ["h3:1"]}, ("chief", 0), "TF_CONFIG"),
+        ({"chief": ["h0:1"], "worker": ["h1:1"], "ps": ["h3:1"]}, ("worker", 0), "single"),
+        ({"worker": ["h1:1", "h2:1"], "ps": ["h3:1"]}, ("worker", 0), "TF_CONFIG"),
+    ],
+)
+def test_tf_config_of_a_parameter_server_cluster_saves_from_its_chief_alone(
+    cluster: dict, task: tuple, source: str
+) -> None:
+    config = {"cluster": cluster, "task": {"type": task[0], "index": task[1]}}
+    found = detect_topology(environ={"TF_CONFIG": json.dumps(config)})
+    assert (found.proc_size, found.proc_rank, found.source) == (1, 0, source)
 
 
 def test_tf_config_ps_task_is_not_a_saving_rank() -> None:

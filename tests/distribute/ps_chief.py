@@ -1,0 +1,124 @@
+"""The chief of a ParameterServerStrategy cluster (tests/distribute/test_ps.py).
+
+``ps_chief.py train CKPT_DIR OUT STEPS``: a de_store Variable spread over every PS task,
+trained by steps that ``ClusterCoordinator.schedule`` runs on the workers (Adagrad through
+``apply_row_gradients``), saved by ``CheckpointManager`` from this process.
+``ps_chief.py restore CKPT_DIR OUT``: the latest checkpoint restored into a Variable spread
+over every PS task of this cluster. Both write the Variable's and its slot's content (and
+the losses, the rows per PS task) to OUT as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import tensorflow as tf
+
+import de_store as ds
+from de_store.optimizers import Adagrad
+
+FIELDS, BATCH, ID_SPACE, DIM = 4, 64, 300, 4
+LEARNING_RATE = 0.2
+
+
+def batch(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The ids and targets of step ``step``: the same on every run."""
+    seed = tf.stack([tf.cast(step, tf.int64), tf.constant(7, tf.int64)])
+    ids = tf.random.stateless_uniform([BATCH, FIELDS], seed=seed, maxval=ID_SPACE, dtype=tf.int64)
+    target = tf.reduce_sum(tf.sin(tf.cast(ids, tf.float32)), axis=1)
+    return ids, target
+
+
+def make_step(emb: ds.Variable, optimizer: Adagrad) -> tf.types.experimental.PolymorphicFunction:
+    """One training step: the loss of batch ``number`` before its update."""
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
+    def step(number: tf.Tensor) -> tf.Tensor:
+        ids, target = batch(number)
+        with tf.GradientTape() as tape:
+            rows = emb.lookup(ids)
+            tape.watch(rows)
+            loss = tf.reduce_mean(tf.square(tf.reduce_sum(rows, [1, 2]) - target))
+        optimizer.apply_row_gradients([(tape.gradient(loss, rows), ids, emb)])
+        return loss
+
+    return step
+
+
+def build(strategy: tf.distribute.Strategy) -> ds.Variable:
+    devices = [f"/job:ps/task:{i}" for i in range(strategy.extended._num_ps)]
+    with strategy.scope():
+        return ds.get_variable(
+            "emb",
+            dim=DIM,
+            devices=devices,
+            initializer=0.0,
+            init_size=2 * ID_SPACE,
+            bp_v2=True,  # workers' updates of one key add up (an overwrite would lose some)
+            kv_creator=ds.HashTableCreator(saver=ds.FileSystemSaver()),
+        )
+
+
+def content(variable: ds.Variable) -> dict[str, list[float]]:
+    keys, values = variable.export()
+    return {str(k): v for k, v in zip(keys.numpy().tolist(), values.numpy().tolist(), strict=True)}
+
+
+def report(variable: ds.Variable, **extra: object) -> dict[str, object]:
+    slots = {name: content(c) for name, c in variable.companions().items()}
+    per_task = [int(shard.size()) for shard in variable.shards]
+    devices = [shard.index.device for shard in variable.shards]
+    return {
+        "values": content(variable),
+        "slots": slots,
+        "per_task": per_task,
+        "devices": devices,
+        **extra,
+    }
+
+
+def loopback_bytes() -> int:
+    """Bytes received on the loopback interface so far (this machine, every process):
+    during a save, the cluster's only traffic is the chief reading the tables."""
+    with open("/proc/net/dev") as file:
+        for line in file:
+            name, _, fields = line.partition(":")
+            if name.strip() == "lo":
+                return int(fields.split()[0])
+    return 0
+
+
+def main() -> None:
+    mode, directory, out = sys.argv[1:4]
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    emb = build(strategy)
+    if mode == "train":
+        with strategy.scope():
+            optimizer = Adagrad(learning_rate=LEARNING_RATE)
+
+        step = make_step(emb, optimizer)
+        losses = [
+            coordinator.schedule(step, args=(tf.constant(i, tf.int64),))
+            for i in range(int(sys.argv[4]))
+        ]
+        coordinator.join()
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(emb=emb), directory, max_to_keep=2)
+        moved = loopback_bytes()
+        saved = manager.save()
+        moved = loopback_bytes() - moved
+        result = report(
+            emb, losses=[float(x.fetch()) for x in losses], saved=saved, save_loopback_bytes=moved
+        )
+    else:
+        checkpoint = tf.train.Checkpoint(emb=emb)
+        checkpoint.restore(tf.train.latest_checkpoint(directory)).expect_partial()
+        result = report(emb)
+    with open(out, "w") as file:
+        json.dump(result, file)
+
+
+if __name__ == "__main__":
+    main()
