@@ -2,8 +2,10 @@
 
 ``bucket = floormod(hash(key), num_buckets)``, where ``hash`` is the key itself for integers
 and TF's fast string fingerprint for strings: the hash of ``default_partition_fn``.
-``num_buckets`` is a highly composite number, so for the usual process counts ``M``
-(dividing it) rank ``r`` of ``M`` needs exactly the buckets ``b`` with ``b mod M == r``.
+``num_buckets`` is a highly composite number with a large power of two, so for the usual
+process counts ``M`` (dividing it) rank ``r`` of ``M`` needs exactly the buckets ``b`` with
+``b mod M == r``; in general the buckets with ``b mod g == r mod g``, ``g = gcd(M,
+num_buckets)``: a share ``1/g`` of every shard.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 #: Candidate bucket counts, largest first; each divides the next larger one.
-_BUCKET_COUNTS = (5040, 2520, 840, 360, 120, 60, 12, 6, 2, 1)
+_BUCKET_COUNTS = (5040, 720, 240, 48, 24, 12, 4, 2, 1)
 #: Fewest rows a bucket should hold on average before a larger count is chosen.
 MIN_ROWS_PER_BUCKET = 2048
 

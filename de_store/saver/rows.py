@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import tensorflow as tf
 
 from de_store.errors import CheckpointError
+from de_store.saver._lazy_tf import tf
 from de_store.saver.manifest import ColumnSpec, VariableEntry
 from de_store.saver.variable_rows import (
     TF_ALIGNMENT,
