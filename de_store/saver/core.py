@@ -10,6 +10,7 @@ Restore (any rank): committed manifest -> its chain (full + deltas) -> parts tha
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import os
@@ -392,14 +393,27 @@ def _merge_and_commit(
     metadata: dict[str, Any] | None,
     tf_checkpoint: TFCheckpointRef | None,
 ) -> Manifest:
-    ranks = [own] + [
-        _read_rank_manifest(strategy, topology, r) for r in range(1, topology.proc_size)
-    ]
+    ranks = [own, *_read_rank_manifests(strategy, topology)]
     work = strategy.backend.sub(strategy.work)
     strategy.retry.call(lambda: work.delete(BARRIER_DIR, recursive=True))  # all have arrived
     manifest = merge_rank_manifests(ranks, metadata=metadata, tf_checkpoint=tf_checkpoint)
     strategy.commit(manifest)
     return manifest
+
+
+#: Rank manifests rank 0 reads at once: on an object store each is a request of its own,
+#: and the commit waits for the last of them.
+RANK_MANIFEST_READERS = 16
+
+
+def _read_rank_manifests(strategy: CommitStrategy, topology: Topology) -> list[RankManifest]:
+    """The manifests of ranks 1 to ``proc_size - 1`` of this attempt, read in parallel."""
+    others = range(1, topology.proc_size)
+    if len(others) <= 1:
+        return [_read_rank_manifest(strategy, topology, r) for r in others]
+    workers = min(RANK_MANIFEST_READERS, len(others))
+    with concurrent.futures.ThreadPoolExecutor(workers, "de_store-manifests") as pool:
+        return list(pool.map(functools.partial(_read_rank_manifest, strategy, topology), others))
 
 
 def _read_rank_manifest(strategy: CommitStrategy, topology: Topology, rank: int) -> RankManifest:
