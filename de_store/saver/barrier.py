@@ -29,6 +29,15 @@ from de_store.saver.topology import Topology
 BARRIER_DIR = "_barrier"
 _POLL_START_S = 0.005
 _POLL_MAX_S = 0.25
+#: Storage requests per second that the waiting ranks of one job make together, at most
+#: (once their pauses have grown): polls of many ranks would otherwise reach an object
+#: store's request rate limit (S3: 5,500 reads a second per prefix) at a thousand ranks.
+JOB_POLLS_PER_S = 200
+
+
+def job_poll_max_s(proc_size: int) -> float:
+    """The longest pause between two polls of one rank in a job of ``proc_size`` ranks."""
+    return max(_POLL_MAX_S, proc_size / JOB_POLLS_PER_S)
 
 
 class Barrier(abc.ABC):
@@ -132,7 +141,7 @@ class StorageBarrier(Barrier):
                 answered = dict(nonces)
             return False
 
-        if not poll_until(everyone_agreed, timeout_s):
+        if not poll_until(everyone_agreed, timeout_s, job_poll_max_s(self._topology.proc_size)):
             raise self._timeout(tag, sorted(set(others) - agreed), timeout_s)
 
     def _take_answer(self, tag: str, timeout_s: float) -> str:
@@ -148,7 +157,7 @@ class StorageBarrier(Barrier):
                 taken.append(str(answer["value"]))  # type: ignore[index]
             return bool(taken)
 
-        if not poll_until(answered, timeout_s):
+        if not poll_until(answered, timeout_s, job_poll_max_s(self._topology.proc_size)):
             raise BarrierTimeoutError(
                 f"barrier {tag!r} at {self._where}: rank 0 did not answer rank {rank} of "
                 f"{self._topology.proc_size} within {timeout_s:g} s (this is rank {rank})"
@@ -186,31 +195,58 @@ class StorageBarrier(Barrier):
         )
 
 
-def poll_until(done: Callable[[], bool], timeout_s: float) -> bool:
-    """Call ``done`` with growing pauses until it returns True (then True) or the time is
-    up (then False)."""
+def poll_until(
+    done: Callable[[], bool], timeout_s: float, max_delay_s: float = _POLL_MAX_S
+) -> bool:
+    """Call ``done`` with growing pauses (up to ``max_delay_s``) until it returns True
+    (then True) or the time is up (then False)."""
     deadline = time.monotonic() + timeout_s
     delay = _POLL_START_S
     while not done():
         if time.monotonic() >= deadline:
             return False
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, _POLL_MAX_S)
+        delay = min(delay * 2, max_delay_s)
     return True
 
 
 def wait_for_paths(backend: Backend, paths: dict[int, str], timeout_s: float) -> list[int]:
-    """Poll until every path exists; return the ranks whose path is still missing."""
+    """Poll until every path exists; return the ranks whose path is still missing.
+
+    Where the backend lists, a poll is one listing of the paths' folder (one request per
+    thousand files on an object store); otherwise one ``exists`` per missing path, with
+    pauses that keep the job's request rate bounded (:func:`job_poll_max_s`)."""
     pending = dict(paths)
+    folders = {path.rpartition("/")[0] for path in paths.values()}
+    listed = backend.capabilities.supports_listing and len(folders) == 1
 
     def all_exist() -> bool:
+        if listed:
+            found = set(_list(backend, next(iter(folders))))
+            for rank, path in list(pending.items()):
+                if path in found:
+                    del pending[rank]
+            return not pending
         for rank, path in list(pending.items()):
             if _exists(backend, path):
                 del pending[rank]
         return not pending
 
-    poll_until(all_exist, timeout_s)
+    poll_until(all_exist, timeout_s, _POLL_MAX_S if listed else job_poll_max_s(len(paths)))
     return sorted(pending)
+
+
+def _list(backend: Backend, folder: str) -> list[str]:
+    """``backend.list``; a transient failure or a missing folder lists nothing (polled
+    again)."""
+    try:
+        return backend.list(folder)
+    except FileNotFoundError:
+        return []
+    except Exception as err:
+        if not is_transient(err):
+            raise
+        return []
 
 
 def _exists(backend: Backend, path: str) -> bool:

@@ -33,7 +33,7 @@ from de_store.errors import (
 from de_store.formats import FORMATS
 from de_store.progress import Progress, progress_for
 from de_store.saver import events, incremental, shards
-from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier
+from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier, job_poll_max_s
 from de_store.saver.chain import chain_links, parent_reference
 from de_store.saver.checks import Problem, link_problems, raise_first, repeated_key
 from de_store.saver.commit import (
@@ -460,7 +460,7 @@ def _wait_for_commit(
                 f"within {timeout_s:g} s"
             )
         time.sleep(delay)
-        delay = min(2 * delay, 0.25)
+        delay = min(2 * delay, job_poll_max_s(topology.proc_size))
     by = record_save_id(record)
     if by != strategy.save_id:
         raise CheckpointError(
