@@ -62,7 +62,7 @@ def test_a_step_without_room_fails_naming_the_table_and_writes_nothing():
         tf.errors.InvalidArgumentError, match=r"table ps/user on .*no room for the batch"
     ) as err:
         insert(tf.range(10, 1010, dtype=tf.int64))
-    assert "reserve()" in str(err.value)
+    assert "call Variable.reserve" in str(err.value)
     assert content(table) == before
     table.reserve(1000)  # between steps: the same step then fits
     insert(tf.range(10, 1010, dtype=tf.int64))
@@ -98,3 +98,22 @@ def test_local_tables_grow_in_place_by_default():
         table = HashTable(tf.int64, tf.float32, 2)
     assert not table.fixed_shapes
     assert table.index.shape.as_list() == [None, 2]
+
+
+def test_variable_reserve_grows_every_shard_and_companion_between_steps():
+    import de_store as ds
+
+    with tf.device("/CPU:0"):
+        var = ds.Variable("ps_like", dim=2, devices=["/CPU:0", "/CPU:1"], initializer=0.0)
+    for index, shard in enumerate(var.shards):  # the layout of tables on parameter servers
+        var.shards[index] = HashTable(tf.int64, tf.float32, 2, name=shard.table_name,
+                                      fixed_shapes=True)  # fmt: skip
+    slot = var.companion("adagrad_accumulator", 2, tf.float32, 0.1)
+    for index, shard in enumerate(slot.shards):
+        slot.shards[index] = HashTable(tf.int64, tf.float32, 2, name=shard.table_name,
+                                       fixed_shapes=True)  # fmt: skip
+    var.reserve(10_000)
+    for table in (*var.shards, *slot.shards):
+        assert table.capacity() * table.max_load_factor >= 5_000
+    with pytest.raises(ds.errors.VariableError, match="'ps_like': reserve grows tables eagerly"):
+        tf.function(lambda: var.reserve(1), autograph=False)()

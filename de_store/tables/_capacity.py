@@ -64,8 +64,8 @@ class CapacityOps:
                 ": this fixed-shape table has no room for the batch:",
                 *found,
                 *room,
-                "; call reserve() (Variable.reserve) outside tf.function, between steps, or "
-                "create it with a larger init_size",
+                "; call Variable.reserve (or HashTable.reserve) outside tf.function, "
+                "between steps, or create it with a larger init_size",
             ],
             summarize=1,
         )
