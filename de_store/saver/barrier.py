@@ -30,14 +30,16 @@ BARRIER_DIR = "_barrier"
 _POLL_START_S = 0.005
 _POLL_MAX_S = 0.25
 #: Storage requests per second that the waiting ranks of one job make together, at most
-#: (once their pauses have grown): polls of many ranks would otherwise reach an object
-#: store's request rate limit (S3: 5,500 reads a second per prefix) at a thousand ranks.
-JOB_POLLS_PER_S = 200
+#: (once their pauses have grown): polls of many ranks would otherwise crowd out the
+#: requests of the commit they wait for, and reach an object store's request rate limit
+#: (S3: 5,500 reads a second per prefix) at a few thousand ranks.
+JOB_POLLS_PER_S = 100
 
 
-def job_poll_max_s(proc_size: int) -> float:
-    """The longest pause between two polls of one rank in a job of ``proc_size`` ranks."""
-    return max(_POLL_MAX_S, proc_size / JOB_POLLS_PER_S)
+def job_poll_max_s(proc_size: int, requests_per_poll: int = 1) -> float:
+    """The longest pause between two polls of one rank in a job of ``proc_size`` ranks,
+    each poll making ``requests_per_poll`` requests."""
+    return max(_POLL_MAX_S, proc_size * requests_per_poll / JOB_POLLS_PER_S)
 
 
 class Barrier(abc.ABC):

@@ -460,7 +460,7 @@ def _wait_for_commit(
                 f"within {timeout_s:g} s"
             )
         time.sleep(delay)
-        delay = min(2 * delay, job_poll_max_s(topology.proc_size))
+        delay = min(2 * delay, job_poll_max_s(topology.proc_size, requests_per_poll=2))
     by = record_save_id(record)
     if by != strategy.save_id:
         raise CheckpointError(

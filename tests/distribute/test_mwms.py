@@ -57,41 +57,55 @@ def trained(tmp_path_factory):
     return reports, directory / f"step-{STEPS}"
 
 
-def _single_process_run() -> tuple[list[list[float]], dict[str, list[float]]]:
-    """The same steps in one process: each step's two batches in one loss (the sum of the
-    two workers' losses), one Adagrad update of every row."""
-    variable = ds.Variable("emb_reference", dim=mwms_worker.DIM, initializer=0.0)
+def _single_process_run(
+    workers: int = 2, steps: int = STEPS
+) -> tuple[list[list[float]], dict[str, list[float]]]:
+    """The same steps in one process: each step's batches of all workers in one loss (the
+    sum of the workers' losses), one Adagrad update of every row."""
+    variable = ds.Variable(f"emb_reference_{workers}", dim=mwms_worker.DIM, initializer=0.0)
     optimizer = Adagrad(learning_rate=mwms_worker.LEARNING_RATE)
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
     def step(number):
-        batches = [mwms_worker.batch(number * 2 + r) for r in range(2)]
+        batches = [mwms_worker.batch(number * workers + r) for r in range(workers)]
         ids = tf.concat([ids for ids, _ in batches], 0)
         with tf.GradientTape() as tape:
             rows = variable.lookup(ids)
             tape.watch(rows)
-            halves = tf.split(rows, 2)
-            losses = [mwms_worker.loss_of(h, t) for h, (_, t) in zip(halves, batches, strict=True)]
+            parts = tf.split(rows, workers)
+            losses = [mwms_worker.loss_of(p, t) for p, (_, t) in zip(parts, batches, strict=True)]
             loss = tf.add_n(losses)
         optimizer.apply_row_gradients([(tape.gradient(loss, rows), ids, variable)])
         return tf.stack(losses)
 
-    losses = [step(tf.constant(i, tf.int64)).numpy().tolist() for i in range(STEPS)]
+    losses = [step(tf.constant(i, tf.int64)).numpy().tolist() for i in range(steps)]
     return losses, mwms_worker.content(variable)
 
 
-def test_each_worker_owns_its_keys_and_training_matches_one_process(trained):
-    reports, _ = trained
+def _assert_trains_like_one_process(reports: list[dict], steps: int) -> None:
+    workers = len(reports)
     for rank, report in enumerate(reports):
         assert report["rank"] == rank
-        assert {int(k) % 2 for k in report["values"]} == {rank}
-    losses, expected = _single_process_run()
+        assert {int(k) % workers for k in report["values"]} == {rank}
+    losses, expected = _single_process_run(workers, steps)
     for rank, report in enumerate(reports):  # the same loss, step by step
-        np.testing.assert_allclose(report["losses"], [step[rank] for step in losses], rtol=1e-4)
+        np.testing.assert_allclose(report["losses"], [s[rank] for s in losses], rtol=1e-4)
     merged = _merged(reports)
     assert sorted(merged) == sorted(expected)
     for key, row in expected.items():
         np.testing.assert_allclose(merged[key], row, rtol=1e-4, atol=1e-6)
+
+
+def test_two_workers_own_their_keys_and_train_like_one_process(trained):
+    reports, _ = trained
+    _assert_trains_like_one_process(reports, STEPS)
+
+
+def test_three_workers_train_like_one_process(tmp_path):
+    steps = 8
+    _run_workers(3, "train", str(tmp_path), str(tmp_path / "t-{rank}.json"), str(steps))
+    reports = [json.loads((tmp_path / f"t-{r}.json").read_text()) for r in range(3)]
+    _assert_trains_like_one_process(reports, steps)
 
 
 def test_a_checkpoint_of_two_workers_restores_into_three(trained, tmp_path):
