@@ -13,6 +13,10 @@ the page cache was dropped:
   and ``{side}_verified`` (the first 1000 rows of every batch read back exactly);
 * ``{side}_import_s``: importing the library and TensorFlow, timed apart.
 
+``de_store_fill_xla_cache_s`` (and ``de_store_first_upsert_xla_cache_s``): de_store's fill
+with TensorFlow's persistent XLA cache (``TF_XLA_FLAGS=--tf_xla_persistent_cache_directory``)
+warm, i.e. in a fresh process after one earlier process compiled the same kernels into it.
+
 ``{side}_{step}_cpu_s`` is the CPU time of the step's process (every thread), which other
 load on a shared machine changes less than the wall-clock time. The sides run in turn for
 ``--rounds`` rounds; each timing is the best of its rounds.
@@ -136,6 +140,24 @@ def run_side(args: argparse.Namespace, side: str) -> dict[str, Any]:
     return out
 
 
+def fill_with_xla_cache(args: argparse.Namespace) -> dict[str, float]:
+    """de_store's fill in a fresh process whose XLA kernels an earlier process compiled
+    into TensorFlow's persistent cache (a warm-up run fills the cache first)."""
+    flags = f"--tf_xla_persistent_cache_directory={os.path.join(args.dir, 'xla_cache')}"
+    env = {"TF_XLA_FLAGS": flags}
+    options = ["--side", "de_store", "--keys", str(args.keys), "--dim", str(args.dim)]
+    options += ["--dir", args.dir]
+    runs = []
+    for _ in range(2):
+        shutil.rmtree(os.path.join(args.dir, "de_store"), ignore_errors=True)
+        runs.append(harness.run_phase(__file__, "fill_save", options, sys.executable, env))
+    warm = runs[-1]
+    return {
+        "de_store_fill_xla_cache_s": warm["fill_s"],
+        "de_store_first_upsert_xla_cache_s": warm["first_upsert_s"],
+    }
+
+
 def best_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Each timing (``*_s``) as the best of the rounds, as ``timeit`` reports the best of its
     repeats; the other figures of the last round, ``*_verified`` only if every round was."""
@@ -163,6 +185,7 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
         f"{step}_tfra_over_de_store": r[f"tfra_{step}_s"] / r[f"de_store_{step}_s"]
         for step in ("fill", "save", "restore")
     }
+    out["fill_tfra_over_de_store_xla_cache"] = r["tfra_fill_s"] / r["de_store_fill_xla_cache_s"]
     out["de_store_save_over_raw_write"] = r["de_store_save_s"] / r["raw_write_fsync_s"]
     out["de_store_restore_over_raw_read"] = r["de_store_restore_s"] / r["raw_read_s"]
     out["tfra_save_over_raw_write"] = r["tfra_save_s"] / r["raw_write_fsync_s"]
@@ -176,6 +199,8 @@ def print_figures(r: dict[str, Any]) -> None:
     for step in ("fill", "save", "restore"):
         tfra, ours = r[f"tfra_{step}_s"], r[f"de_store_{step}_s"]
         print(f"{step:<10}{tfra:>10.2f}{ours:>10.2f}{tfra / ours:>17.2f}x")
+    warm = r["de_store_fill_xla_cache_s"]
+    print(f"{'fill, XLA cache warm':<22}{r['tfra_fill_s']:>10.2f}{warm:>10.2f}")
     print(f"raw write + fsync {r['raw_write_fsync_s']:.2f}, raw cold read {r['raw_read_s']:.2f}")
 
 
@@ -208,6 +233,7 @@ def main() -> None:
                 rounds[side].append(run_side(args, side))
         for side in SIDES:
             result.update(best_of(rounds[side]))
+        result.update(fill_with_xla_cache(args))
         result["rounds"] = args.rounds
         result["ratios"] = ratios(result)
     finally:
