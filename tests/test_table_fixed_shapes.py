@@ -117,3 +117,17 @@ def test_variable_reserve_grows_every_shard_and_companion_between_steps():
         assert table.capacity() * table.max_load_factor >= 5_000
     with pytest.raises(ds.errors.VariableError, match="'ps_like': reserve grows tables eagerly"):
         tf.function(lambda: var.reserve(1), autograph=False)()
+
+
+def test_a_full_table_still_takes_batches_of_keys_it_holds():
+    table = _fixed(init_size=100)
+    keys = tf.range(0, 100, dtype=tf.int64)
+    table.insert(keys, _rows(keys))
+    shapes = _shapes(table)
+    step = tf.function(
+        lambda k: (table.insert(k, _rows(k) * 2), table.accum(k, _rows(k))),
+        input_signature=[tf.TensorSpec([None], tf.int64)],
+    )
+    step(keys)  # every key present: no room needed, no growth
+    assert _shapes(table) == shapes
+    assert content(table) == {k: (3.0 * k, -3.0 * k) for k in range(100)}

@@ -37,11 +37,12 @@ class CapacityOps:
 
     def room_check(self, kernel: str, args: tuple[tf.Tensor, ...], label: tf.Tensor) -> Any:
         """An assertion that kernel ``kernel`` on ``args`` fits a fixed-shape table as it is
-        (``None`` for kernels that add nothing): every key of the batch counted as new, so
-        the growth branches of the operation are never taken."""
+        (``None`` for kernels that add nothing): the keys absent now counted as new (the
+        rows of removed keys are reused first), so the growth branches of the operation
+        are never taken."""
         t = self.t
         if kernel in ("insert", "load_distinct", "accum_insert", "prepare"):
-            incoming = args[0] if kernel == "prepare" else tf.size(args[0], out_type=tf.int64)
+            incoming = self._incoming(kernel, args[0])
             capacity = variable_length(t.index)
             limit = tf.cast(tf.cast(capacity, tf.float64) * t.max_load_factor, tf.int64)
             rows = variable_length(t.values)
@@ -69,6 +70,19 @@ class CapacityOps:
             ],
             summarize=1,
         )
+
+    def _incoming(self, kernel: str, keys: tf.Tensor) -> tf.Tensor:
+        """The keys ``kernel`` may add: those absent now (a repeated one counted each time
+        it repeats), the count itself for ``prepare``, every key for ``load_distinct``."""
+        if kernel == "prepare":
+            return keys
+        if kernel == "load_distinct":  # absent and distinct by contract
+            return tf.size(keys, out_type=tf.int64)
+        return tf.reduce_sum(tf.cast(self.find_rows(keys) < 0, tf.int64))
+
+    def find_rows(self, keys: tf.Tensor) -> tf.Tensor:
+        """The row of each of ``keys`` (negative: missing); ``TableOps`` probes."""
+        raise NotImplementedError
 
     def place_entries(self, entries: tf.Tensor) -> None:
         """Place index ``entries`` ``[n, 2]`` (distinct keys, their rows) into an empty

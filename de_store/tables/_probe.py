@@ -318,7 +318,9 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         """
         t = self.t
         n = _count(keys)
-        self.reserve(n)
+        # A fixed-shape table reserves for the keys absent now (its room check counted
+        # them): the whole batch could ask a full table for a rehash it cannot grow into.
+        self.reserve(self._incoming("insert", keys) if t.fixed_shapes else n)
         # Key ``i`` claims with the token ``base + i`` (rows held now are below ``base``).
         base = t.next_row.read_value()
         claims = self.find_or_claim(keys, base)

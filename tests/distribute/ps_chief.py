@@ -20,12 +20,15 @@ from de_store.optimizers import Adagrad
 
 FIELDS, BATCH, ID_SPACE, DIM = 4, 64, 300, 4
 LEARNING_RATE = 0.2
+FAR = 10_000
 
 
 def batch(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """The ids and targets of step ``step``: the same on every run."""
     seed = tf.stack([tf.cast(step, tf.int64), tf.constant(7, tf.int64)])
-    ids = tf.random.stateless_uniform([BATCH, FIELDS], seed=seed, maxval=ID_SPACE, dtype=tf.int64)
+    # steps from FAR on draw new ids from a wide range (the growth test)
+    maxval = tf.where(step >= FAR, tf.constant(10**9, tf.int64), ID_SPACE)
+    ids = tf.random.stateless_uniform([BATCH, FIELDS], seed=seed, maxval=maxval, dtype=tf.int64)
     target = tf.reduce_sum(tf.sin(tf.cast(ids, tf.float32)), axis=1)
     return ids, target
 
@@ -54,7 +57,7 @@ def build(strategy: tf.distribute.Strategy) -> ds.Variable:
             dim=DIM,
             devices=devices,
             initializer=0.0,
-            init_size=2 * ID_SPACE,
+            init_size=ID_SPACE,  # every id of the training steps fits, no more
             bp_v2=True,  # workers' updates of one key add up (an overwrite would lose some)
             kv_creator=ds.HashTableCreator(saver=ds.FileSystemSaver()),
         )
@@ -76,6 +79,23 @@ def report(variable: ds.Variable, **extra: object) -> dict[str, object]:
         "devices": devices,
         **extra,
     }
+
+
+def grow_between_steps(coordinator: object, emb: ds.Variable, step: object) -> dict:
+    """A step bringing more new keys than the PS tables have room for fails, naming the
+    table; after ``emb.reserve`` the same step, traced before the growth, runs."""
+    far = tf.constant(FAR, tf.int64)  # a batch of new ids
+    coordinator.schedule(step, args=(far,))
+    try:
+        coordinator.join()
+        error = ""
+    except tf.errors.InvalidArgumentError as err:
+        error = str(err)
+    before = int(emb.size())
+    emb.reserve(BATCH * FIELDS)
+    coordinator.schedule(step, args=(far,))
+    coordinator.join()
+    return {"overflow_error": error, "size_before_reserve": before, "size_after": int(emb.size())}
 
 
 def loopback_bytes() -> int:
@@ -112,6 +132,7 @@ def main() -> None:
         result = report(
             emb, losses=[float(x.fetch()) for x in losses], saved=saved, save_loopback_bytes=moved
         )
+        result.update(grow_between_steps(coordinator, emb, step))
     else:
         checkpoint = tf.train.Checkpoint(emb=emb)
         checkpoint.restore(tf.train.latest_checkpoint(directory)).expect_partial()

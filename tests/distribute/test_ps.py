@@ -53,6 +53,15 @@ def test_the_variable_lives_on_the_ps_tasks_and_trains(trained):
     assert sorted(report["slots"]["adagrad_accumulator"]) == sorted(report["values"])
 
 
+def test_a_step_without_room_fails_naming_the_table_and_reserve_grows_it(trained):
+    report, _ = trained
+    assert "no room for the batch" in report["overflow_error"]
+    assert "table emb/shard_" in report["overflow_error"]
+    assert report["size_before_reserve"] == len(report["values"])  # the failed step wrote nothing
+    # the same step, traced before the growth, ran on the grown tables
+    assert report["size_after"] > report["size_before_reserve"] + 200
+
+
 def _single_process_losses() -> list[float]:
     emb = ds.get_variable("emb_reference", dim=ps_chief.DIM, initializer=0.0, bp_v2=True)
     step = ps_chief.make_step(emb, Adagrad(learning_rate=ps_chief.LEARNING_RATE))
