@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from de_store.testing.servers import free_ports
 
 SERVER = (
     "import json, os, tensorflow as tf\n"
@@ -31,16 +32,6 @@ SERVER = (
     "tf.distribute.Server(c.cluster_spec(), job_name=c.task_type, task_index=c.task_id,"
     " protocol='grpc', start=True).join()\n"
 )
-
-
-def _ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def _loopback_received() -> int:
@@ -58,7 +49,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--ps", type=int, default=2)
     args = parser.parse_args()
-    ports = iter(_ports(args.ps + 2))
+    ports = iter(free_ports(args.ps + 2))
     cluster = {
         "chief": [f"127.0.0.1:{next(ports)}"],
         "worker": [f"127.0.0.1:{next(ports)}"],

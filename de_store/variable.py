@@ -9,7 +9,6 @@ tables with the same keys, devices and partitioner, so every key's state sits on
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ from de_store._variable_args import (
 from de_store.errors import VariableError
 from de_store.partition import Partitioner, default_partition_fn, split_by_shard, stitch_shards
 from de_store.saver import tf_hook  # registers the TF checkpoint saver of Variables
-from de_store.saver.rows import RESERVE_SLACK
+from de_store.saver.rows import reserve_shards
 from de_store.saver.variable_rows import ChangeBase
 
 if TYPE_CHECKING:  # importing de_store.tables creates TF constants, which fixes the devices
@@ -466,12 +465,7 @@ class Variable(tf.Module):
                 "inside a tf.function or a graph"
             )
         for variable in (self, *self._companions.values()):
-            shards = len(variable.shards)
-            share = count if shards == 1 else math.ceil(count / shards * RESERVE_SLACK)
-            for shard, device in zip(variable.shards, variable.devices, strict=True):
-                if hasattr(shard, "reserve"):
-                    with tf.device(device):
-                        shard.reserve(share)
+            reserve_shards(variable, count)
 
     @_exclusive
     def size(self, index: int | None = None, name: str | None = None) -> tf.Tensor:

@@ -271,7 +271,7 @@ def apply_rows(
 
     variable.clear()  # companions too
     for target in targets.values():
-        _reserve(target, total)
+        reserve_shards(target, total)
     for batch in coalesce(batches, LOAD_ROWS):  # a checkpoint holds each key once
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
@@ -308,7 +308,7 @@ def upsert_rows(targets: dict[str, SavedVariable], batches: Iterable[ShardRows])
             target.upsert(keys, to_tensor(batch.columns[column]))
 
 
-def _reserve(variable: SavedVariable, rows: int) -> None:
+def reserve_shards(variable: SavedVariable, rows: int) -> None:
     """Grow each shard once for its expected share of ``rows`` (cores that can; growing
     step by step while inserting costs about half of a bulk load's time)."""
     shards = len(variable.shards)

@@ -44,7 +44,7 @@ class CapacityOps:
         if kernel in ("insert", "load_distinct", "accum_insert", "prepare"):
             incoming = self._incoming(kernel, args[0])
             capacity = variable_length(t.index)
-            limit = tf.cast(tf.cast(capacity, tf.float64) * t.max_load_factor, tf.int64)
+            limit = self._load_limit(capacity)
             rows = variable_length(t.values)
             rows_needed = t.next_row + tf.maximum(incoming - t.num_free, 0)
             fits = tf.logical_and(t.num_keys + incoming <= limit, rows_needed <= rows)
@@ -78,7 +78,15 @@ class CapacityOps:
             return keys
         if kernel == "load_distinct":  # absent and distinct by contract
             return tf.size(keys, out_type=tf.int64)
-        return tf.reduce_sum(tf.cast(self.find_rows(keys) < 0, tf.int64))
+        # The room check and the reserve of the same operation ask alike: probe once.
+        absent: dict[Any, tf.Tensor] = self.__dict__.setdefault("_absent", {})
+        if keys.ref() not in absent:
+            absent[keys.ref()] = tf.reduce_sum(tf.cast(self.find_rows(keys) < 0, tf.int64))
+        return absent[keys.ref()]
+
+    def _load_limit(self, capacity: tf.Tensor) -> tf.Tensor:
+        """The keys plus tombstones an index of ``capacity`` slots holds before it grows."""
+        return tf.cast(tf.cast(capacity, tf.float64) * self.t.max_load_factor, tf.int64)
 
     def find_rows(self, keys: tf.Tensor) -> tf.Tensor:
         """The row of each of ``keys`` (negative: missing); ``TableOps`` probes."""
@@ -95,7 +103,7 @@ class CapacityOps:
         t = self.t
         capacity = variable_length(t.index)
         used = t.num_keys + t.num_deleted + incoming
-        limit = tf.cast(tf.cast(capacity, tf.float64) * t.max_load_factor, tf.int64)
+        limit = self._load_limit(capacity)
 
         def grow() -> tf.Tensor:
             target = t.num_keys + incoming

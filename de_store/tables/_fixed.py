@@ -24,15 +24,12 @@ from de_store.tables import _index, _tracking, _types
 _ADDING = ("insert", "load_distinct", "accum_insert", "prepare")
 
 
-def eager_device_scope() -> str:
-    """The device scope in effect eagerly (``""`` when none, or in a graph)."""
+def in_remote_scope() -> bool:
+    """Whether the device scope in effect eagerly belongs to another job or task than this
+    process (False without one, and in a graph)."""
     if not tf.executing_eagerly():
-        return ""
-    return context.context().device_name or ""
-
-
-def is_remote(device: tf.DeviceSpec) -> bool:
-    """Whether ``device`` belongs to another job or task than this process."""
+        return False
+    device = tf.DeviceSpec.from_string(context.context().device_name or "")
     if device.job is None:
         return False
     local = tf.DeviceSpec.from_string(context.context().host_address_space())
@@ -69,20 +66,20 @@ class Growth:
         variables the table holds when the graph runs."""
         t = self.table
         if not tf.executing_eagerly():
-            with tf.device(t._device):
-                return t._kernels.run(
-                    kernel, t._mutex.resource_handle, self._state(), *args, self._label
-                )
+            return self._call(kernel, self._state(), *args)
         with self._lock:
             if kernel in _ADDING:
                 count = int(args[0]) if kernel == "prepare" else int(tf.size(args[0]))
                 self._make_room_locked(count, 0)
             elif kernel == "remove" and t.track_changes:
                 self._make_room_locked(0, int(tf.size(args[0])))
-            with tf.device(t._device):
-                return t._kernels.run(
-                    kernel, t._mutex.resource_handle, t._state, *args, self._label
-                )
+            return self._call(kernel, t._state, *args)
+
+    def _call(self, kernel: str, state: _types.State, *args: tf.Tensor) -> Any:
+        """Kernel ``kernel`` of the table on ``state``, on the table's device."""
+        t = self.table
+        with tf.device(t._device):
+            return t._kernels.run(kernel, t._mutex.resource_handle, state, *args, self._label)
 
     def make_room(self, count: int, removals: int = 0) -> None:
         """Grow, when needed, so that ``count`` new keys and ``removals`` logged removals
@@ -128,7 +125,7 @@ class Growth:
             old = t.index.read_value()  # the live (key, row) entries move; rows stay
             live = tf.gather(old, tf.where(old[:, 1] >= 0)[:, 0])
             t.index = fixed_variable("index", _index.empty_index(tf.constant(capacity, tf.int64)))
-            t._kernels.run("place_entries", t._mutex.resource_handle, t._state, live, self._label)
+        self._call("place_entries", t._state, live)
 
     def _grow_rows(self, rows: int, have: int) -> None:
         t = self.table

@@ -168,7 +168,7 @@ class HashTable(TableCore):
         self.init_capacity = _index.capacity_for(max(init_size, 1), self.max_load_factor)
         rows = max(init_size, 16)
         if fixed_shapes is None:
-            fixed_shapes = _fixed.is_remote(_device_in_scope())
+            fixed_shapes = _fixed.in_remote_scope()
         self.fixed_shapes = bool(fixed_shapes)
         fixed = self.fixed_shapes
         # a fixed-shape table's free list holds every row, so that a removal never outgrows it
@@ -382,8 +382,3 @@ def _counter(name: str, value: int, fixed: bool) -> tf.Variable:
     if fixed:
         return _fixed.fixed_variable(name, tf.constant(value, tf.int64))
     return tf.Variable(tf.constant(value, tf.int64), name=name, trainable=False)
-
-
-def _device_in_scope() -> tf.DeviceSpec:
-    """The device scope a table is created in (eagerly; empty in a graph)."""
-    return tf.DeviceSpec.from_string(_fixed.eager_device_scope())

@@ -64,9 +64,20 @@ def gcs_storage_options(endpoint_url: str) -> dict[str, Any]:
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 free at the time of the call."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 free at the time of the call (the sockets
+    are held until all are picked, so no two are the same)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _wait_until_up(url: str, timeout: float = 30.0) -> None:

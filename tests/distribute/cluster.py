@@ -6,29 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from de_store.testing.servers import free_ports
+
 HERE = Path(__file__).parent
 SERVER = HERE / "server.py"
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 now (the sockets held until all are
-    picked, so no two are the same)."""
-    sockets = []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def cluster_spec(**jobs: int) -> dict[str, list[str]]:

@@ -98,17 +98,6 @@ def grow_between_steps(coordinator: object, emb: ds.Variable, step: object) -> d
     return {"overflow_error": error, "size_before_reserve": before, "size_after": int(emb.size())}
 
 
-def loopback_bytes() -> int:
-    """Bytes received on the loopback interface so far (this machine, every process):
-    during a save, the cluster's only traffic is the chief reading the tables."""
-    with open("/proc/net/dev") as file:
-        for line in file:
-            name, _, fields = line.partition(":")
-            if name.strip() == "lo":
-                return int(fields.split()[0])
-    return 0
-
-
 def main() -> None:
     mode, directory, out = sys.argv[1:4]
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -126,12 +115,8 @@ def main() -> None:
         ]
         coordinator.join()
         manager = tf.train.CheckpointManager(tf.train.Checkpoint(emb=emb), directory, max_to_keep=2)
-        moved = loopback_bytes()
         saved = manager.save()
-        moved = loopback_bytes() - moved
-        result = report(
-            emb, losses=[float(x.fetch()) for x in losses], saved=saved, save_loopback_bytes=moved
-        )
+        result = report(emb, losses=[float(x.fetch()) for x in losses], saved=saved)
         result.update(grow_between_steps(coordinator, emb, step))
     else:
         checkpoint = tf.train.Checkpoint(emb=emb)

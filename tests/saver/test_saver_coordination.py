@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,18 +16,9 @@ from mp_worker import expected_rows, rank_keys
 import de_store as ds
 from de_store.backends import open_backend
 from de_store.saver.commit import read_manifest
+from de_store.testing.servers import free_ports
 
 WORKER = str(Path(__file__).with_name("coordination_worker.py"))
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def test_workers_save_through_the_coordination_service(tmp_path: Path) -> None:
