@@ -98,12 +98,9 @@ def new_checkpoint(backend: Backend, name: str) -> Iterator[CommitStrategy]:
 
 
 def check_columns(name: str, key_dtype: str, columns: dict[str, ColumnSpec], to: str) -> None:
-    """A ``FormatError`` if format ``to`` cannot hold the keys or columns of variable ``name``."""
-    extras = sorted(c for c in columns if c != "value")
-    if to in ("binary", "tfra") and (key_dtype == "string" or extras):
+    """A ``FormatError`` if format ``to`` cannot hold the keys of variable ``name``."""
+    if to in ("binary", "tfra") and key_dtype == "string":
         raise FormatError(
-            f"variable {name!r} cannot be written as {to}: it stores integer keys "
-            f"and values only, the variable has key_dtype={key_dtype!r} and extra "
-            f"columns {extras}; use --to parquet or arrow, or drop the extra columns "
-            "with --values-only"
+            f"variable {name!r} cannot be written as {to}: it stores integer keys only, "
+            "the variable has key_dtype='string'; use --to parquet or arrow"
         )

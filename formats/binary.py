@@ -2,14 +2,21 @@
 
 No header, no metadata: ``{path}-keys`` holds the keys as raw little-endian integers and
 ``{path}-values`` the values as raw little-endian numbers, ``dim`` a row, row k belonging to
-key k. Dim and dtypes live only in the :class:`ShardInfo` (the manifest), so reading needs
-``expected``. Only integer keys and the ``value`` column are stored: string keys and extra
-columns raise :class:`FormatError`. :mod:`de_store.formats.tfra` reads and writes whole
-TFRA folders with this layout.
+key k. Each extra column (an optimizer slot, say ``adam_m``) is one more such file,
+``{path}-adam_m``, in the schema's order. Dim and dtypes live only in the
+:class:`ShardInfo` (the manifest), so reading needs ``expected``. Only integer keys are
+stored: string keys raise :class:`FormatError`. :mod:`de_store.formats.tfra` reads and
+writes whole TFRA folders with the key and value files of this layout.
+
+A shard's files are plain arrays, so a writer that is not Python can produce them: a
+table on a parameter server writes them with TensorFlow ops where it lives
+(:mod:`de_store.saver.device_shards`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -42,13 +49,30 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype("<u2" if name == "bfloat16" else name).newbyteorder("<")
 
 
-def _check_storable(schema_info: SchemaInfo, where: str) -> None:
-    if schema_info.key_dtype == "string" or schema_info.extras:
+#: Characters an extra column's name may hold: it becomes part of a file name.
+_COLUMN_NAME = re.compile(r"[A-Za-z0-9_.]+")
+
+
+def column_paths(path: str, schema_info: SchemaInfo) -> list[str]:
+    """The files of a binary shard at ``path``: keys, values, then one per extra column."""
+    return [path + KEYS_SUFFIX, path + VALUES_SUFFIX] + [
+        f"{path}-{extra.name}" for extra in schema_info.extras
+    ]
+
+
+def check_storable(schema_info: SchemaInfo, where: str) -> None:
+    """FormatError when the binary layout cannot hold ``schema_info``'s rows."""
+    if schema_info.key_dtype == "string":
         raise FormatError(
-            f"binary shard {where} stores integer keys and one value column only: "
-            f"got key_dtype={schema_info.key_dtype!r}, extra columns "
-            f"{[e.name for e in schema_info.extras]}; use the parquet or arrow format"
+            f"binary shard {where} stores integer keys only: got key_dtype='string'; "
+            "use the parquet or arrow format"
         )
+    for extra in schema_info.extras:
+        if not _COLUMN_NAME.fullmatch(extra.name) or extra.name in ("keys", "values"):
+            raise FormatError(
+                f"binary shard {where}: extra column {extra.name!r} cannot name a file "
+                "(expected letters, digits, '_' and '.', not 'keys' or 'values')"
+            )
 
 
 def _raw(array: pa.Array, dtype: np.dtype) -> np.ndarray:
@@ -74,28 +98,19 @@ class BinaryFormat(ShardFormat):
         buffer_size: int = DEFAULT_BUFFER_SIZE,
     ) -> ShardInfo:
         where = location(backend, path)
-        _check_storable(schema_info, where)
-        key_dtype, value_dtype = (
-            numpy_dtype(schema_info.key_dtype),
-            numpy_dtype(schema_info.value_dtype),
-        )
-        keys_path, values_path = path + KEYS_SUFFIX, path + VALUES_SUFFIX
-        with (
-            backend.open_write(keys_path) as keys_raw,
-            backend.open_write(values_path) as values_raw,
-        ):
-            keys_sink, values_sink = ChecksummingWriter(keys_raw), ChecksummingWriter(values_raw)
+        check_storable(schema_info, where)
+        dtypes = [numpy_dtype(d) for d in _column_dtypes(schema_info)]
+        paths = column_paths(path, schema_info)
+        with contextlib.ExitStack() as stack:
+            sinks = [ChecksummingWriter(stack.enter_context(backend.open_write(p))) for p in paths]
 
             def write_part(batch: pa.RecordBatch) -> tuple:
-                keys_sink.write(_raw(batch.column(0), key_dtype))
-                values_sink.write(_raw(batch.column(1), value_dtype))
-                return keys_sink.cut(), values_sink.cut()
+                for column, sink, dtype in zip(batch.columns, sinks, dtypes, strict=True):
+                    sink.write(_raw(column, dtype))
+                return tuple(sink.cut() for sink in sinks)
 
             parts = write_parts(write_part, batches, schema_info.arrow_schema(), buffer_size, where)
-        files = [
-            FileInfo(keys_path, keys_sink.position, keys_sink.crc32c),
-            FileInfo(values_path, values_sink.position, values_sink.crc32c),
-        ]
+        files = [FileInfo(p, s.position, s.crc32c) for p, s in zip(paths, sinks, strict=True)]
         return shard_info(self.name, path, schema_info, parts, files)
 
     def read_verified(
@@ -121,17 +136,16 @@ def _read_verified(
     indices = wanted_parts(parts, len(expected.parts), location(backend, expected.path))
     schema = expected.schema.arrow_schema()
 
-    with backend.open_read(files[0].path) as keys_f, backend.open_read(files[1].path) as values_f:
-        keys_reader = PartReader(keys_f, location(backend, files[0].path))
-        values_reader = PartReader(values_f, location(backend, files[1].path))
+    with contextlib.ExitStack() as stack:
+        readers = [
+            PartReader(stack.enter_context(backend.open_read(f.path)), location(backend, f.path))
+            for f in files
+        ]
 
         def read(job: tuple[int, int]) -> pa.RecordBatch:
             turn, i = job
-            keys_range, values_range = expected.parts[i].ranges
-            keys, values = read_together(
-                (keys_reader, values_reader), turn, (keys_range, values_range), f"part {i}"
-            )
-            return decode_pair(keys, values, schema)
+            raw = read_together(readers, turn, expected.parts[i].ranges, f"part {i}")
+            return decode_columns(raw, schema)
 
         yield from map_ahead(read, enumerate(indices))
     if indices == list(range(len(expected.parts))):
@@ -144,14 +158,26 @@ def _read_verified(
             check_crc_value(location(backend, file.path), file.crc32c, found)
 
 
+def _column_dtypes(schema_info: SchemaInfo) -> list[str]:
+    return [schema_info.key_dtype, schema_info.value_dtype] + [e.dtype for e in schema_info.extras]
+
+
 def decode_pair(keys: bytes, values: bytes, schema: pa.Schema) -> pa.RecordBatch:
     """A batch from raw key bytes and value bytes (sizes already checked), zero-copy."""
-    key_type = schema.field("key").type
-    value_type: pa.FixedSizeListType = schema.field("value").type
-    rows = len(keys) // (key_type.bit_width // 8)
-    key_array = pa.Array.from_buffers(key_type, rows, [None, pa.py_buffer(keys)])
-    flat = pa.Array.from_buffers(
-        value_type.value_type, rows * value_type.list_size, [None, pa.py_buffer(values)]
-    )
-    value_array = pa.FixedSizeListArray.from_arrays(flat, value_type.list_size)
-    return pa.RecordBatch.from_arrays([key_array, value_array], schema=schema)
+    return decode_columns([keys, values], schema)
+
+
+def decode_columns(raw: Sequence[bytes], schema: pa.Schema) -> pa.RecordBatch:
+    """A batch from the raw bytes of each column of ``schema`` (sizes already checked),
+    zero-copy."""
+    rows = len(raw[0]) // (schema.field("key").type.bit_width // 8)
+    arrays = [_decode(data, field.type, rows) for data, field in zip(raw, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _decode(data: bytes, type_: pa.DataType, rows: int) -> pa.Array:
+    if not pa.types.is_fixed_size_list(type_):
+        return pa.Array.from_buffers(type_, rows, [None, pa.py_buffer(data)])
+    width = type_.list_size
+    flat = pa.Array.from_buffers(type_.value_type, rows * width, [None, pa.py_buffer(data)])
+    return pa.FixedSizeListArray.from_arrays(flat, width)

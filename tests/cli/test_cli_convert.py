@@ -58,15 +58,14 @@ def test_parquet_to_arrow_keeps_rows_and_slots(tmp_path: Path) -> None:
     assert rows_of(dst) == rows_of(src)
 
 
-def test_to_binary_refuses_extra_columns_unless_values_only(tmp_path: Path, capsys) -> None:
+def test_to_binary_keeps_slots_as_files_of_their_own(tmp_path: Path) -> None:
     src = sample_checkpoint(str(tmp_path / "a"), rows=50)
     dst = str(tmp_path / "b" / "ckpt-1")
-    assert main(["convert", src, dst, "--to", "binary"]) == 1
-    err = capsys.readouterr().err
-    assert "'user_emb' cannot be written as binary" in err and "--values-only" in err
-    assert not Path(dst).exists()
-    assert main(["convert", "-q", src, dst, "--to", "binary", "--values-only"]) == 0
+    assert main(["convert", "-q", src, dst, "--to", "binary"]) == 0
     assert main(["verify", "-q", dst]) == 0
+    info = json.loads(_inspect(dst))["variables"]["user_emb"]
+    assert info["format"] == "binary" and set(info["columns"]) == {"value", "accumulator"}
+    assert sum(f.endswith("-accumulator") for f in info["files"]) >= 1
     assert rows_of(dst) == rows_of(src)
 
 
