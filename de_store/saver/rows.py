@@ -19,6 +19,7 @@ import numpy as np
 
 from de_store.errors import CheckpointError
 from de_store.saver._lazy_tf import tf
+from de_store.saver.device_shards import DeviceShardRows
 from de_store.saver.manifest import ColumnSpec, VariableEntry
 from de_store.saver.variable_rows import (
     TF_ALIGNMENT,
@@ -159,15 +160,25 @@ def column_specs(variable: SavedVariable) -> dict[str, ColumnSpec]:
     return specs
 
 
-def export_shard(variable: SavedVariable, index: int) -> ShardRows:
+def export_shard(variable: SavedVariable, index: int) -> ShardRows | DeviceShardRows:
     """Read shard ``index``: keys, values and companion rows, in the table's own order.
 
     The writer groups the rows by key bucket later (in the background for async saves):
-    reading them straight into bucket order was measured slower at 10M rows.
+    reading them straight into bucket order was measured slower at 10M rows. A shard on
+    another task (a parameter server) stays there, to be written there
+    (:mod:`~de_store.saver.device_shards`), unless an IO device is set.
     """
+    from de_store.tables._fixed import in_remote_scope  # imports TensorFlow
+
     shard = variable.shards[index]
-    with tf.device(variable.devices[index]):
+    device = variable.devices[index]
+    with tf.device(device):
         keys_t, values_t = shard.export_all()
+        if _IO_DEVICE.get() is None and in_remote_scope():
+            columns_t = {VALUE_COLUMN: values_t}
+            for column, companion in sorted(variable.companions().items()):
+                columns_t[column] = companion.shards[index].lookup(keys_t)[0]
+            return DeviceShardRows(device, keys_t, columns_t)
         keys, columns = to_host(keys_t), {VALUE_COLUMN: to_host(values_t)}
         _add_companions(variable, index, keys, columns)
     return ShardRows(keys, columns)
@@ -216,7 +227,9 @@ def export_delta(variable: SavedVariable, since: int) -> VariableRows:
     )
 
 
-def _rows_of(variable: SavedVariable, shards: list[ShardRows]) -> VariableRows:
+def _rows_of(
+    variable: SavedVariable, shards: Sequence[ShardRows | DeviceShardRows]
+) -> VariableRows:
     return VariableRows(
         name=variable.name,
         key_dtype=variable.key_dtype.name,

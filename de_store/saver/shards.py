@@ -23,6 +23,7 @@ from de_store.formats.base import ExtraColumn, SchemaInfo
 from de_store.formats.batches import batch_from_numpy
 from de_store.saver.buckets import choose_num_buckets, group_by_bucket
 from de_store.saver.checks import read_checked
+from de_store.saver.device_shards import DeviceShardRows, device_path, write_on_device
 from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.saver.variable_rows import VALUE_COLUMN, ShardRows, VariableRows
 
@@ -112,13 +113,18 @@ def write_shard(
     ``kind`` prefixes the file name ("removed-" for tombstones).
     """
     shard = rows.shards[shard_index]
+    info = schema_info(rows, global_shard)
+    # a per-save unique suffix: a rewrite never overwrites a committed generation's files
+    name = f"{kind}r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}"
+    if isinstance(shard, DeviceShardRows):
+        if device_path(backend, f"{_variable_dir(rows.name)}/{name}", shard) is not None:
+            return _write_on_device(backend, f"{_variable_dir(rows.name)}/{name}", shard,
+                                    info, rank=rank, global_shard=global_shard)  # fmt: skip
+        shard = shard.to_host()
     if rows.key_dtype == "string":
         shard = dataclasses.replace(shard, keys=_string_keys(shard.keys))
     fmt = get_format(format_name)
-    info = schema_info(rows, global_shard)
-    # a per-save unique suffix: a rewrite never overwrites a committed generation's files
-    name = f"{kind}r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}{fmt.suffix}"
-    path = f"{_variable_dir(rows.name)}/{name}"
+    path = f"{_variable_dir(rows.name)}/{name}{fmt.suffix}"
     part_buckets: list[int] = []
     batches = _bucketed_batches(
         shard, rows.key_dtype, info.arrow_schema(), buffer_size, part_buckets
@@ -133,6 +139,22 @@ def write_shard(
         num_buckets=choose_num_buckets(shard.rows),
         part_buckets=part_buckets,
     )
+
+
+def _write_on_device(
+    backend: Backend,
+    path: str,
+    shard: DeviceShardRows,
+    info: SchemaInfo,
+    *,
+    rank: int,
+    global_shard: int,
+) -> ShardRecord:
+    """:func:`write_shard` of rows held on another task: written there, as binary."""
+    num_buckets = choose_num_buckets(shard.rows)
+    shard_info, part_buckets = write_on_device(backend, path, shard, info, num_buckets)
+    return ShardRecord(rank=rank, shard=global_shard, info=_as_dict(shard_info),
+                       num_buckets=num_buckets, part_buckets=part_buckets)  # fmt: skip
 
 
 def _as_dict(value: Any) -> Any:

@@ -13,11 +13,15 @@ Variables.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from de_store.saver.manifest import ColumnSpec
+
+if TYPE_CHECKING:
+    from de_store.saver.device_shards import DeviceShardRows
 
 VALUE_COLUMN = "value"
 #: Byte alignment TensorFlow's CPU kernels require of a tensor's buffer.
@@ -76,7 +80,8 @@ class VariableRows:
     value_dtype: str
     dim: int
     columns: dict[str, ColumnSpec]
-    shards: list[ShardRows]
+    #: Per shard its rows; a shard on another task may stay there (``DeviceShardRows``).
+    shards: Sequence[ShardRows | DeviceShardRows]
     #: A delta: per shard, the keys removed since ``base``; None for a full save.
     removed: list[np.ndarray] | None = None
     #: The snapshot mark (``Variable.next_change_epoch``) when the variable tracks changes

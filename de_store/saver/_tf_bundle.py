@@ -1,0 +1,107 @@
+"""Reading the index of a TensorFlow tensor bundle (what the ``SaveV2`` op writes).
+
+A bundle ``{prefix}`` is a data file ``{prefix}.data-00000-of-00001`` holding the raw
+bytes of its tensors one after another, and an index ``{prefix}.index``: a table (the
+LevelDB SSTable layout, uncompressed) from tensor name to a ``BundleEntryProto`` giving
+the tensor's offset, size and masked crc32c in the data file. :func:`read_index` returns
+those entries, each block of the index checked against its own crc32c.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import google_crc32c
+
+from de_store.errors import FormatError
+
+#: The last 8 bytes of a table file.
+_TABLE_MAGIC = 0xDB4775248B80FB57
+_FOOTER_BYTES = 48
+_MASK_DELTA = 0xA282EAD8
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleEntry:
+    """One tensor of a bundle: its byte range in the data file and that range's crc32c."""
+
+    offset: int
+    size: int
+    crc32c: int
+
+
+def data_path(prefix: str) -> str:
+    """The data file of the single-shard bundle ``prefix``."""
+    return f"{prefix}.data-00000-of-00001"
+
+
+def index_path(prefix: str) -> str:
+    return f"{prefix}.index"
+
+
+def unmask(masked: int) -> int:
+    """The crc32c a table or bundle stores masked (rotated right 15 bits, plus a delta)."""
+    rotated = (masked - _MASK_DELTA) & 0xFFFFFFFF
+    return ((rotated >> 17) | (rotated << 15)) & 0xFFFFFFFF
+
+
+def read_index(data: bytes, where: str) -> dict[str, BundleEntry]:
+    """The entries of the bundle index ``data`` (the file ``where``), by tensor name."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    if len(data) < _FOOTER_BYTES or struct.unpack("<Q", data[-8:])[0] != _TABLE_MAGIC:
+        raise FormatError(f"{where}: not a TensorFlow bundle index (no table footer)")
+    footer = data[-_FOOTER_BYTES:]
+    _, pos = _varint(footer, 0)  # the metaindex block: unused
+    _, pos = _varint(footer, pos)
+    index_offset, pos = _varint(footer, pos)
+    index_size, _ = _varint(footer, pos)
+    entries = {}
+    for _, handle in _block(data, index_offset, index_size, where):
+        offset, pos = _varint(handle, 0)
+        size, _ = _varint(handle, pos)
+        for name, value in _block(data, offset, size, where):
+            if not name:  # the bundle's header
+                continue
+            proto = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+            if proto.shard_id != 0 or proto.slices:
+                raise FormatError(f"{where}: tensor {name!r} is sliced or in another shard")
+            entries[name.decode()] = BundleEntry(proto.offset, proto.size, unmask(proto.crc32c))
+    return entries
+
+
+def _block(data: bytes, offset: int, size: int, where: str) -> list[tuple[bytes, bytes]]:
+    """The ``(key, value)`` entries of the table block at ``offset``, checked."""
+    if offset + size + 5 > len(data):
+        raise FormatError(f"{where}: a block runs past the end of the file")
+    contents, kind = data[offset : offset + size], data[offset + size]
+    (stored,) = struct.unpack("<I", data[offset + size + 1 : offset + size + 5])
+    found = google_crc32c.value(data[offset : offset + size + 1])
+    if unmask(stored) != found:
+        raise FormatError(f"{where}: block at byte {offset} fails its crc32c")
+    if kind != 0:
+        raise FormatError(f"{where}: compressed block (type {kind}) at byte {offset}")
+    (restarts,) = struct.unpack("<I", contents[-4:])
+    end = len(contents) - 4 - 4 * restarts
+    entries, key, pos = [], b"", 0
+    while pos < end:
+        shared, pos = _varint(contents, pos)
+        unshared, pos = _varint(contents, pos)
+        length, pos = _varint(contents, pos)
+        key = key[:shared] + contents[pos : pos + unshared]
+        pos += unshared
+        entries.append((key, contents[pos : pos + length]))
+        pos += length
+    return entries
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return result, pos

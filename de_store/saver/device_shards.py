@@ -1,0 +1,198 @@
+"""Shards written where their table lives: a parameter server saves its own tables.
+
+A table on another task (a ``ParameterServerStrategy`` PS) is exported into tensors that
+stay on that task: the save's snapshot, :class:`DeviceShardRows`. Its shard is then
+written there by TensorFlow ops, in the ``binary`` layout: the rows are grouped by key
+bucket (``dynamic_partition``) and each column is saved by one ``SaveV2`` op as a bundle
+whose tensors are the buckets, in order. A bundle's data file is then exactly a binary
+shard file (raw little-endian rows, bucket after bucket), and its index records each
+bucket's byte range and crc32c: the parts of the shard's ``ShardInfo``. The saving
+process reads only the indexes (a few kB a column), renames the data files to their
+binary names, deletes the indexes and fsyncs the files (TensorFlow's file ops do not).
+
+The task writes to the checkpoint's staging folder by its local path, so this needs
+storage that is a local path the task sees as well (one machine, or a mount every task
+shares, as TensorFlow's own checkpoints of parameter servers need). Elsewhere (object
+stores, string keys) the rows are copied to the saving process and written by its
+backend (:meth:`DeviceShardRows.to_host`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from de_store.backends.local import fsync_dir
+from de_store.formats._shard import shard_info
+from de_store.formats._stream import crc32c_combine
+from de_store.formats.base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
+from de_store.formats.binary import column_paths, numpy_dtype
+from de_store.saver._lazy_tf import tf
+from de_store.saver._tf_bundle import data_path, index_path, read_index
+from de_store.saver.variable_rows import VALUE_COLUMN, ShardRows
+
+if TYPE_CHECKING:
+    from de_store.backends.base import Backend
+
+logger = logging.getLogger("de_store")
+
+
+@dataclasses.dataclass
+class DeviceShardRows:
+    """The rows of one table shard, held on the device ``device`` of another task.
+
+    ``keys [n]`` and ``columns[name] [n, dim]`` are eager tensors living there (this
+    process holds handles, not rows).
+    """
+
+    device: str
+    keys: Any
+    columns: dict[str, Any]
+
+    @property
+    def rows(self) -> int:
+        return int(self.keys.shape[0])
+
+    def to_host(self) -> ShardRows:
+        """The rows copied into this process."""
+        return ShardRows(np.asarray(self.keys), {n: np.asarray(c) for n, c in self.columns.items()})
+
+
+def device_path(backend: Backend, path: str, rows: DeviceShardRows) -> str | None:
+    """The local path the device writes ``path`` at, or None (after logging why) when the
+    shard must go through this process."""
+    local = backend.local_path(path)
+    if local is None:
+        logger.info(
+            "rows on %s go through this process: %s is not a local path that task can write",
+            rows.device,
+            backend.url,
+        )
+    elif rows.keys.dtype == tf.string:
+        logger.info("rows on %s go through this process: binary shards hold no string keys",
+                    rows.device)  # fmt: skip
+        local = None
+    return local
+
+
+def write_on_device(
+    backend: Backend,
+    path: str,
+    rows: DeviceShardRows,
+    info: SchemaInfo,
+    num_buckets: int,
+) -> tuple[ShardInfo, list[int]]:
+    """Write ``rows`` as the binary shard ``path`` from their device, one part per
+    non-empty bucket; return its ``ShardInfo`` and the bucket of each part."""
+    paths = column_paths(path, info)
+    local = [backend.local_path(p) or "" for p in paths]
+    os.makedirs(os.path.dirname(local[0]), exist_ok=True)
+    tensors = [rows.keys, rows.columns[VALUE_COLUMN], *(rows.columns[e.name] for e in info.extras)]
+    prefixes = [f"{p}.tf" for p in local]
+    with tf.device(rows.device):
+        counts, lows, highs = _save_buckets(tf.constant(prefixes), num_buckets, tensors)
+    counts, lows, highs = (np.asarray(x) for x in (counts, lows, highs))
+    buckets = [int(b) for b in np.flatnonzero(counts)]
+    entries = [_entries_of(prefix, buckets) for prefix in prefixes]
+    row_bytes = [numpy_dtype(d).itemsize * w for d, w in _column_layout(info)]
+    parts, start = [], 0
+    for i, bucket in enumerate(buckets):
+        n = int(counts[bucket])
+        ranges = []
+        for j, found in enumerate(entries):
+            entry = found[i]
+            if entry.size != n * row_bytes[j]:
+                raise AssertionError(f"{prefixes[j]}: bucket {bucket} holds {entry.size} bytes, "
+                                     f"expected {n} rows x {row_bytes[j]}")  # fmt: skip
+            ranges.append(ByteRange(entry.offset, entry.size, entry.crc32c))
+        parts.append(PartInfo(n, start, int(lows[bucket]), int(highs[bucket]), tuple(ranges)))
+        start += n
+    files = [
+        _publish(prefix, final, p, [part.ranges[j] for part in parts])
+        for j, (prefix, final, p) in enumerate(zip(prefixes, local, paths, strict=True))
+    ]
+    fsync_dir(os.path.dirname(local[0]))
+    return shard_info("binary", path, info, parts, files), buckets
+
+
+def _column_layout(info: SchemaInfo) -> list[tuple[str, int]]:
+    """``(dtype, values a row)`` of each file of a binary shard."""
+    return [(info.key_dtype, 1), (info.value_dtype, info.dim)] + [
+        (e.dtype, e.width or 1) for e in info.extras
+    ]
+
+
+def _entries_of(prefix: str, buckets: list[int]) -> list[Any]:
+    """The index entries of the ``buckets`` in the bundle ``prefix``; the index is then
+    deleted."""
+    where = index_path(prefix)
+    with open(where, "rb") as f:
+        found = read_index(f.read(), where)
+    os.unlink(where)
+    return [found[_name(b)] for b in buckets]
+
+
+def _publish(prefix: str, final: str, path: str, ranges: list[ByteRange]) -> FileInfo:
+    """Rename the bundle's data file to ``final`` and fsync it; its ``FileInfo``, whose
+    crc32c combines those of its parts (they tile the file: checked)."""
+    size = os.path.getsize(data_path(prefix))
+    crc, end = 0, 0
+    for r in ranges:
+        if r.offset != end:
+            raise AssertionError(f"{data_path(prefix)}: a gap before byte {r.offset}")
+        crc, end = crc32c_combine(crc, r.crc32c, r.length), r.end
+    if end != size:
+        raise AssertionError(f"{data_path(prefix)}: {size} bytes, its parts cover {end}")
+    os.replace(data_path(prefix), final)
+    fd = os.open(final, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return FileInfo(path, size, crc)
+
+
+def _name(bucket: int) -> str:
+    return f"{bucket:05d}"
+
+
+def _save_buckets(prefixes: Any, num_buckets: int, tensors: list[Any]) -> tuple[Any, Any, Any]:
+    """Run :func:`_bucket_bundles` (one trace per bucket count, columns and dtypes)."""
+    global _SAVE_BUCKETS
+    if _SAVE_BUCKETS is None:
+        _SAVE_BUCKETS = tf.function(_bucket_bundles)
+    return _SAVE_BUCKETS(prefixes, num_buckets, tensors)
+
+
+_SAVE_BUCKETS: Any = None
+
+
+def _bucket_bundles(prefixes: Any, num_buckets: int, tensors: list[Any]) -> tuple[Any, Any, Any]:
+    """Save column ``j`` of ``tensors`` (keys first) as the bundle ``prefixes[j]`` of its
+    rows grouped by key bucket; return each bucket's row count, smallest and largest key.
+
+    The bucket is ``floormod(key, num_buckets)``, the saver's for integer keys
+    (:func:`~de_store.saver.buckets.key_hash_mod`).
+    """
+    keys = tensors[0]
+    ids = tf.cast(tf.math.floormod(tf.cast(keys, tf.int64), num_buckets), tf.int32)
+    counts = tf.math.bincount(ids, minlength=num_buckets, maxlength=num_buckets, dtype=tf.int64)
+    lows = tf.math.unsorted_segment_min(keys, ids, num_buckets)
+    highs = tf.math.unsorted_segment_max(keys, ids, num_buckets)
+    names = [_name(b) for b in range(num_buckets)]
+    saves = [
+        tf.raw_ops.SaveV2(
+            prefix=prefixes[j],
+            tensor_names=names,
+            shape_and_slices=[""] * num_buckets,
+            tensors=tf.dynamic_partition(column, ids, num_buckets),
+        )
+        for j, column in enumerate(tensors)
+    ]
+    # SaveV2 is not a stateful op: a function runs it only when an output waits for it
+    with tf.control_dependencies(saves):
+        return tuple(tf.identity(x) for x in (counts, lows, highs))
