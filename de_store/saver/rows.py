@@ -25,13 +25,14 @@ from de_store.saver.variable_rows import (
     TF_ALIGNMENT,
     VALUE_COLUMN,
     ChangeBase,
+    PendingShardRows,
     ShardRows,
     VariableRows,
     coalesce,
 )
 
 if TYPE_CHECKING:
-    from de_store.tables.base import TableCore
+    from de_store.tables.base import TableCore, TableSnapshot
 
 __all__ = [
     "VALUE_COLUMN",
@@ -160,7 +161,9 @@ def column_specs(variable: SavedVariable) -> dict[str, ColumnSpec]:
     return specs
 
 
-def export_shard(variable: SavedVariable, index: int) -> ShardRows | DeviceShardRows:
+def export_shard(
+    variable: SavedVariable, index: int
+) -> ShardRows | PendingShardRows | DeviceShardRows:
     """Read shard ``index``: keys, values and companion rows, in the table's own order.
 
     The writer groups the rows by key bucket later (in the background for async saves):
@@ -173,6 +176,8 @@ def export_shard(variable: SavedVariable, index: int) -> ShardRows | DeviceShard
     shard = variable.shards[index]
     device = variable.devices[index]
     with tf.device(device):
+        if _IO_DEVICE.get() is None and not variable.companions() and not in_remote_scope():
+            return _pending(shard.snapshot())
         keys_t, values_t = shard.export_all()
         if _IO_DEVICE.get() is None and in_remote_scope():
             columns_t = {VALUE_COLUMN: values_t}
@@ -182,6 +187,14 @@ def export_shard(variable: SavedVariable, index: int) -> ShardRows | DeviceShard
         keys, columns = to_host(keys_t), {VALUE_COLUMN: to_host(values_t)}
         _add_companions(variable, index, keys, columns)
     return ShardRows(keys, columns)
+
+
+def _pending(snapshot: TableSnapshot) -> PendingShardRows:
+    def read() -> ShardRows:
+        keys, values = snapshot.read()
+        return ShardRows(to_host(keys), {VALUE_COLUMN: to_host(values)})
+
+    return PendingShardRows(snapshot.rows, read)
 
 
 def _add_companions(
@@ -228,7 +241,7 @@ def export_delta(variable: SavedVariable, since: int) -> VariableRows:
 
 
 def _rows_of(
-    variable: SavedVariable, shards: Sequence[ShardRows | DeviceShardRows]
+    variable: SavedVariable, shards: Sequence[ShardRows | PendingShardRows | DeviceShardRows]
 ) -> VariableRows:
     return VariableRows(
         name=variable.name,

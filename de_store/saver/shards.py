@@ -25,7 +25,7 @@ from de_store.saver.buckets import choose_num_buckets, group_by_bucket
 from de_store.saver.checks import read_checked
 from de_store.saver.device_shards import DeviceShardRows, device_path, write_on_device
 from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
-from de_store.saver.variable_rows import VALUE_COLUMN, ShardRows, VariableRows
+from de_store.saver.variable_rows import VALUE_COLUMN, PendingShardRows, ShardRows, VariableRows
 
 #: The value column of a tombstone shard: formats need one; it holds zeros.
 TOMBSTONE_COLUMN = ColumnSpec("int64", 1)
@@ -113,6 +113,8 @@ def write_shard(
     ``kind`` prefixes the file name ("removed-" for tombstones).
     """
     shard = rows.shards[shard_index]
+    if isinstance(shard, PendingShardRows):
+        shard = shard.read()
     info = schema_info(rows, global_shard)
     # a per-save unique suffix: a rewrite never overwrites a committed generation's files
     name = f"{kind}r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}"

@@ -13,7 +13,7 @@ Variables.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -71,6 +71,16 @@ class ShardRows:
         return len(self.keys)
 
 
+@dataclasses.dataclass(frozen=True)
+class PendingShardRows:
+    """The rows of one table shard, held as a snapshot and read by ``read()`` when the
+    shard is written: an async save takes the snapshot while training waits and reads
+    the rows in the background."""
+
+    rows: int
+    read: Callable[[], ShardRows]
+
+
 @dataclasses.dataclass
 class VariableRows:
     """A variable's rows over its local shards, with the dtypes and columns to save."""
@@ -81,7 +91,7 @@ class VariableRows:
     dim: int
     columns: dict[str, ColumnSpec]
     #: Per shard its rows; a shard on another task may stay there (``DeviceShardRows``).
-    shards: Sequence[ShardRows | DeviceShardRows]
+    shards: Sequence[ShardRows | PendingShardRows | DeviceShardRows]
     #: A delta: per shard, the keys removed since ``base``; None for a full save.
     removed: list[np.ndarray] | None = None
     #: The snapshot mark (``Variable.next_change_epoch``) when the variable tracks changes

@@ -34,6 +34,7 @@ class Kernels:
         self.config = config
         names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
         names += ["clear", "prepare", "export_all", "export_changes", "forget_removed", "size"]
+        names.append("snapshot")
         if config.fixed_shapes:
             names.append("place_entries")
         for name in names:
@@ -73,6 +74,7 @@ class Kernels:
             "remove": [keys],
             "clear": [],
             "export_all": [],
+            "snapshot": [],
             "size": [],
             "prepare": [count],
             "export_changes": [count],

@@ -27,7 +27,13 @@ from de_store.tables._index import (
     padded,
 )
 from de_store.tables._race import KEPT_TOKENS_DIV, RaceOps, probe_rounds
-from de_store.tables._tracking import STAMP_DTYPE, TrackingOps, replace, variable_length
+from de_store.tables._tracking import (
+    STAMP_DTYPE,
+    TrackingOps,
+    read_shared,
+    replace,
+    variable_length,
+)
 from de_store.tables._tracking import count as _count
 from de_store.tables._types import Claims, View
 
@@ -550,6 +556,13 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         replace(t.index, empty_index(variable_length(t.index)))
         for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row, t.num_removed):
             counter.assign(0)
+
+    def snapshot(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The index, the row store and the key count as they are, without a copy: a
+        later write to the table copies a buffer these tensors still hold (the variables
+        are in copy-on-write mode, see :func:`read_shared`)."""
+        t = self.t
+        return read_shared(t.index), read_shared(t.values), t.num_keys.read_value()
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """``(keys, values)`` of every live slot, read in one pass."""

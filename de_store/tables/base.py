@@ -8,9 +8,19 @@ return TensorFlow tensors and work eagerly and inside ``tf.function``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
 
 import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSnapshot:
+    """A table's content at one moment: ``rows`` keys, read by ``read()`` as
+    ``(keys [rows], values [rows, dim])`` whenever it is called."""
+
+    rows: int
+    read: Callable[[], tuple[tf.Tensor, tf.Tensor]]
 
 
 class TableCore(tf.Module, abc.ABC):
@@ -84,6 +94,16 @@ class TableCore(tf.Module, abc.ABC):
         if not batches:
             return tf.zeros([0], self.key_dtype), tf.zeros([0, self.dim], self.value_dtype)
         return tf.concat([k for k, _ in batches], 0), tf.concat([v for _, v in batches], 0)
+
+    def snapshot(self) -> TableSnapshot:
+        """What the table holds now, to be read later (a save reads it in the background).
+
+        Changes made after the call do not show in the snapshot's rows. This default
+        exports every row now; cores that can hold their state without copying it
+        override it, so that the call returns at once and the rows are read later.
+        """
+        keys, values = self.export_all()
+        return TableSnapshot(int(tf.size(keys)), lambda: (keys, values))
 
     # -- change tracking (incremental checkpoints) ------------------------------------
     #: Whether this core tracks changes; cores that do implement ``export_changes`` and

@@ -94,7 +94,7 @@ import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
 from de_store.tables import _checks, _fixed, _index, _kernels, _locking, _tracking, _types
-from de_store.tables.base import TableCore
+from de_store.tables.base import TableCore, TableSnapshot
 
 _KEY_DTYPES = (tf.int64, tf.int32)
 EMPTY = _index.EMPTY
@@ -271,6 +271,21 @@ class HashTable(TableCore):
         """Return ``(keys [n], values [n, dim])`` of the whole table in one consistent read."""
         keys, values = self._run("export_all")
         return self._exported(keys), self._exported_values(values)
+
+    def snapshot(self) -> TableSnapshot:
+        """The index and the row store as they are, held without a copy; their live rows
+        are gathered when the snapshot is read. A write to the table after this call
+        copies the buffer it changes first (copy-on-write), so the snapshot never sees it.
+        """
+        index, values, count = self._run("snapshot")
+
+        def read() -> tuple[tf.Tensor, tf.Tensor]:
+            with tf.device(self._device):
+                live = tf.gather(index, tf.where(index[:, 1] >= 0)[:, 0])
+                rows = tf.gather(values, live[:, 1])
+                return self._exported(live[:, 0]), self._exported_values(rows)
+
+        return TableSnapshot(int(count), read)
 
     def _exported(self, keys: tf.Tensor) -> tf.Tensor:
         return tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys

@@ -75,6 +75,28 @@ class TableCoreTests:
         assert sizes == [4, 4, 2]
         assert int(table.size()) == 0
 
+    def test_a_snapshot_never_sees_later_writes(self, table: TableCore) -> None:
+        """A save reads its snapshot later (in the background): inserts, updates,
+        accumulations, removals, a growth and a clear made after it must not show."""
+        rng = np.random.default_rng(5)
+        start = tf.constant(rng.permutation(20_000).astype(np.int64))
+        table.insert(start, tf.constant(rng.standard_normal((20_000, 3), dtype=np.float32)))
+        expected = content(table)
+        snapshot = table.snapshot()
+        big = tf.constant(rng.permutation(40_000).astype(np.int64) + 10_000)  # a growth
+        table.insert(big, tf.ones([40_000, 3]))
+        table.accum(start[:5_000], tf.ones([5_000, 3]))
+        table.remove(start[5_000:9_000])
+        snapshot_rows = snapshot.read()
+        table.clear()
+        table.insert(start[:100], tf.zeros([100, 3]))
+        for keys, values in (snapshot_rows, snapshot.read()):
+            assert snapshot.rows == 20_000 == int(tf.size(keys))
+            found = dict(
+                zip(keys.numpy().tolist(), map(tuple, values.numpy().tolist()), strict=True)
+            )
+            assert found == expected
+
     def test_import_batches_round_trips(self, table: TableCore) -> None:
         table.insert(tf.range(20, dtype=tf.int64), rows(20))
         other = self.make_table(tf.int64, tf.float32, 3, "emb/other")
