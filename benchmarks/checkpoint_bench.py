@@ -7,6 +7,10 @@ Measures, through the user path (``de_store.get_variable`` with a ``FileSystemSa
 * ``async_block_s`` / ``async_total_s``: ``Checkpoint.save`` with
   ``CheckpointOptions(enable_async=True)`` until it returns / until ``Checkpoint.sync()``
   returns (the first async save, so it includes tracing the snapshot function);
+* ``async_next_write_s``: an upsert of 131,072 present keys right after the async save
+  returned (it copies the buffers the save's snapshot still holds), next to ``write_s``,
+  the same upsert before any save; ``async_stall_*`` in ``ratios`` adds the block and
+  what the next write paid more;
 * ``restore_s``: ``Checkpoint.read`` in a fresh process, files evicted from the page cache
   first (``import tensorflow`` is timed apart, as ``restore_import_tf_s``);
 * ``reshard_restore_s``: the same into a variable with another number of shards (logical
@@ -140,10 +144,16 @@ def table_saves(tf: Any, de_store: Any, args: argparse.Namespace) -> dict[str, A
     out["peak_rss_save_bytes"] = rss.peak
     options = tf.train.CheckpointOptions(enable_async=True)
     prefix = os.path.join(args.dir, "async", "ckpt")
+    step_keys, step_values = next(rows(min(args.keys, 1 << 17), args.dim))
+    out["write_s"], _ = timed(lambda: variable.upsert(step_keys, step_values))
     for suffix in ("", "_second"):
         start = time.perf_counter()
         checkpoint.save(prefix, options=options)
         out[f"async_block{suffix}_s"] = time.perf_counter() - start
+        # the first write after the save copies the buffers the snapshot holds
+        out[f"async_next_write{suffix}_s"], _ = timed(
+            lambda: variable.upsert(step_keys, step_values)
+        )
         checkpoint.sync()
         out[f"async_total{suffix}_s"] = time.perf_counter() - start
     for name in args.formats:
@@ -217,6 +227,13 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
         "sync_save_over_raw_write": r["sync_save_s"] / r["raw_write_fsync_s"],
         "async_block_over_sync_save": r["async_block_s"] / r["sync_save_s"],
         "async_block_second_over_sync_save": r["async_block_second_s"] / r["sync_save_s"],
+        # what training waits for in all: the save call, and what the next write pays more
+        "async_stall_over_sync_save": (r["async_block_s"] + r["async_next_write_s"] - r["write_s"])
+        / r["sync_save_s"],
+        "async_stall_second_over_sync_save": (
+            r["async_block_second_s"] + r["async_next_write_second_s"] - r["write_s"]
+        )
+        / r["sync_save_s"],
         "restore_over_raw_read": r["restore_s"] / r["raw_read_s"],
         "reshard_restore_over_raw_read": r["reshard_restore_s"] / r["raw_read_s"],
         "sync_save_over_tf_dense_save": r["sync_save_s"] / r["tf_dense_save_s"],

@@ -16,6 +16,9 @@ figure is the best of its rounds, as ``timeit`` reports the best of its repeats:
 virtual machine, memory the guest has not touched since boot (or since the host took it
 back) costs about 2.4 s per GB on first touch and 0.3 s per GB after, so the first table
 measured in a process pays more for the same buffers. Each round's figures are printed.
+``memory_floor`` is the floor this machine's memory sets an insert: the seconds
+``tf.fill`` takes to allocate and first touch as many bytes as each of our filled tables
+holds, and our insert time as a ratio to it.
 ``train_step`` times a training-style step (lookup of a batch of present keys, then accum
 of deltas for them) on a pre-sized table with change tracking on and off. ``lock`` is
 what the table's mutex costs a single thread (every kernel takes it, so that concurrent
@@ -217,6 +220,26 @@ def _lock_cost(batches: _Batches, rounds: int) -> dict[str, float]:
     return result
 
 
+def _memory_floors(report: dict, count: int, rounds: int) -> dict[str, float]:
+    """For each of our tables: the seconds a plain TensorFlow op (``tf.fill``) takes to
+    allocate and first touch as many bytes as the filled table holds (best of
+    ``rounds``, a fresh buffer each time), and our insert time over it."""
+    out: dict[str, float] = {}
+    for kind in ("ours", "ours_presized"):
+        nbytes = int(report[kind]["table_bytes"])
+        best = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            filled = tf.fill([nbytes // 8], tf.constant(1, tf.int64))
+            _wait(filled)
+            best = min(best, time.perf_counter() - start)
+            del filled
+        out[f"{kind}_floor_s"] = round(best, 4)
+        out[f"{kind}_insert_s"] = round(count / report[kind]["insert"], 4)
+        out[f"{kind}_insert_over_floor"] = round(count / report[kind]["insert"] / best, 2)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -249,6 +272,8 @@ def main() -> None:
             best = report.setdefault(kind, result)
             assert isinstance(best, dict)
             report[kind] = {k: max(best[k], v) for k, v in result.items()}
+    report["memory_floor"] = _memory_floors(report, args.keys, args.rounds)
+    print("memory_floor", report["memory_floor"], flush=True)
     report["lock"] = _lock_cost(batches, args.rounds)
     print("lock", {k: round(v, 2) for k, v in report["lock"].items()}, flush=True)
     report["train_step"] = _train_step(keys, values, args.batch)

@@ -19,7 +19,6 @@ backend (:meth:`DeviceShardRows.to_host`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -33,33 +32,12 @@ from de_store.formats.base import ByteRange, FileInfo, PartInfo, SchemaInfo, Sha
 from de_store.formats.binary import column_paths, numpy_dtype
 from de_store.saver._lazy_tf import tf
 from de_store.saver._tf_bundle import data_path, index_path, read_index
-from de_store.saver.variable_rows import VALUE_COLUMN, ShardRows
+from de_store.saver.variable_rows import VALUE_COLUMN, DeviceShardRows
 
 if TYPE_CHECKING:
     from de_store.backends.base import Backend
 
 logger = logging.getLogger("de_store")
-
-
-@dataclasses.dataclass
-class DeviceShardRows:
-    """The rows of one table shard, held on the device ``device`` of another task.
-
-    ``keys [n]`` and ``columns[name] [n, dim]`` are eager tensors living there (this
-    process holds handles, not rows).
-    """
-
-    device: str
-    keys: Any
-    columns: dict[str, Any]
-
-    @property
-    def rows(self) -> int:
-        return int(self.keys.shape[0])
-
-    def to_host(self) -> ShardRows:
-        """The rows copied into this process."""
-        return ShardRows(np.asarray(self.keys), {n: np.asarray(c) for n, c in self.columns.items()})
 
 
 def device_path(backend: Backend, path: str, rows: DeviceShardRows) -> str | None:

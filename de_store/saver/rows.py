@@ -19,12 +19,12 @@ import numpy as np
 
 from de_store.errors import CheckpointError
 from de_store.saver._lazy_tf import tf
-from de_store.saver.device_shards import DeviceShardRows
 from de_store.saver.manifest import ColumnSpec, VariableEntry
 from de_store.saver.variable_rows import (
     TF_ALIGNMENT,
     VALUE_COLUMN,
     ChangeBase,
+    DeviceShardRows,
     PendingShardRows,
     ShardRows,
     VariableRows,

@@ -23,9 +23,15 @@ from de_store.formats.base import ExtraColumn, SchemaInfo
 from de_store.formats.batches import batch_from_numpy
 from de_store.saver.buckets import choose_num_buckets, group_by_bucket
 from de_store.saver.checks import read_checked
-from de_store.saver.device_shards import DeviceShardRows, device_path, write_on_device
+from de_store.saver.device_shards import device_path, write_on_device
 from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
-from de_store.saver.variable_rows import VALUE_COLUMN, PendingShardRows, ShardRows, VariableRows
+from de_store.saver.variable_rows import (
+    VALUE_COLUMN,
+    DeviceShardRows,
+    PendingShardRows,
+    ShardRows,
+    VariableRows,
+)
 
 #: The value column of a tombstone shard: formats need one; it holds zeros.
 TOMBSTONE_COLUMN = ColumnSpec("int64", 1)

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from de_store.saver.manifest import ColumnSpec
-
-if TYPE_CHECKING:
-    from de_store.saver.device_shards import DeviceShardRows
 
 VALUE_COLUMN = "value"
 #: Byte alignment TensorFlow's CPU kernels require of a tensor's buffer.
@@ -79,6 +76,28 @@ class PendingShardRows:
 
     rows: int
     read: Callable[[], ShardRows]
+
+
+@dataclasses.dataclass
+class DeviceShardRows:
+    """The rows of one table shard, held on the device ``device`` of another task.
+
+    ``keys [n]`` and ``columns[name] [n, dim]`` are eager tensors living there (this
+    process holds handles, not rows); :mod:`de_store.saver.device_shards` writes them
+    there.
+    """
+
+    device: str
+    keys: Any
+    columns: dict[str, Any]
+
+    @property
+    def rows(self) -> int:
+        return int(self.keys.shape[0])
+
+    def to_host(self) -> ShardRows:
+        """The rows copied into this process."""
+        return ShardRows(np.asarray(self.keys), {n: np.asarray(c) for n, c in self.columns.items()})
 
 
 @dataclasses.dataclass
