@@ -110,6 +110,19 @@ def raw_read(path: str, dim: int) -> dict[str, Any]:
     return {"raw_read_s": seconds, "raw_rows": len(keys), "raw_read_cold": how}
 
 
+def memory_first_touch(tf: Any, nbytes: int) -> float:
+    """Seconds a plain TensorFlow op takes to allocate and first touch ``nbytes`` in this
+    process (``tf.fill``): the floor this machine's memory sets any step that builds a
+    table of that many bytes (on this virtual machine, memory the guest has not touched
+    costs far more than memory it has)."""
+    start = time.perf_counter()
+    filled = tf.fill([max(nbytes // 8, 1)], tf.constant(1, tf.int64))
+    filled[-1].numpy()  # wait for it
+    seconds = time.perf_counter() - start
+    del filled
+    return seconds
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print a phase's figures for the parent process."""
     print(RESULT_TAG + json.dumps(result), flush=True)
