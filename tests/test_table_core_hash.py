@@ -297,3 +297,15 @@ def test_clear_returns_index_and_row_store_to_their_initial_sizes():
     table.clear()  # already empty and at the initial sizes: nothing to do
     table.insert(keys[:3], np.full([3, 2], 7.0, np.float32))
     assert content(table) == {0: (7.0, 7.0), 1: (7.0, 7.0), 2: (7.0, 7.0)}
+
+
+@pytest.mark.parametrize("fixed_shapes", [False, True])
+def test_a_hash_table_snapshot_looks_keys_up(fixed_shapes: bool) -> None:
+    """Async saves read a variable's optimizer slots by looking its keys up in the slot
+    tables' snapshots; the conformance suite checks what the lookups return."""
+    table = HashTable(tf.int64, tf.float32, 2, name="emb/slot", fixed_shapes=fixed_shapes)
+    table.insert(tf.constant([3, 4], tf.int64), tf.ones([2, 2]))
+    snapshot = table.snapshot()
+    assert snapshot.lookup is not None
+    table.insert(tf.constant([5], tf.int64), tf.ones([1, 2]))
+    assert snapshot.lookup(tf.constant([4, 5], tf.int64)).numpy().tolist() == [[1, 1], [0, 0]]

@@ -32,7 +32,7 @@ from de_store.saver.variable_rows import (
 )
 
 if TYPE_CHECKING:
-    from de_store.tables.base import TableCore, TableSnapshot
+    from de_store.tables.base import TableCore
 
 __all__ = [
     "VALUE_COLUMN",
@@ -164,22 +164,32 @@ def column_specs(variable: SavedVariable) -> dict[str, ColumnSpec]:
 def export_shard(
     variable: SavedVariable, index: int
 ) -> ShardRows | PendingShardRows | DeviceShardRows:
-    """Read shard ``index``: keys, values and companion rows, in the table's own order.
+    """Shard ``index`` of a save: keys, values and companion rows, in the table's order.
 
-    The writer groups the rows by key bucket later (in the background for async saves):
-    reading them straight into bucket order was measured slower at 10M rows. A shard on
-    another task (a parameter server) stays there, to be written there
-    (:mod:`~de_store.saver.device_shards`), unless an IO device is set.
+    - A table of this process gives snapshots of itself and its companions, read when
+      the shard is written, in the background for async saves (``PendingShardRows``).
+    - A table on another task (a parameter server) exports its rows into tensors that
+      stay there, to be written there (``DeviceShardRows``,
+      :mod:`~de_store.saver.device_shards`).
+    - With an IO device set, or a companion whose core cannot look keys up in a
+      snapshot, every row is read now (``ShardRows``).
+
+    The writer groups the rows by key bucket later: reading them straight into bucket
+    order was measured slower at 10M rows.
     """
     from de_store.tables._fixed import in_remote_scope  # imports TensorFlow
 
     shard = variable.shards[index]
     device = variable.devices[index]
+    io_device = _IO_DEVICE.get()
     with tf.device(device):
-        if _IO_DEVICE.get() is None and not variable.companions() and not in_remote_scope():
-            return _pending(shard.snapshot())
+        remote = in_remote_scope()
+        if io_device is None and not remote:
+            pending = _pending(variable, index)
+            if pending is not None:
+                return pending
         keys_t, values_t = shard.export_all()
-        if _IO_DEVICE.get() is None and in_remote_scope():
+        if io_device is None and remote:
             columns_t = {VALUE_COLUMN: values_t}
             for column, companion in sorted(variable.companions().items()):
                 columns_t[column] = companion.shards[index].lookup(keys_t)[0]
@@ -189,12 +199,26 @@ def export_shard(
     return ShardRows(keys, columns)
 
 
-def _pending(snapshot: TableSnapshot) -> PendingShardRows:
-    def read() -> ShardRows:
-        keys, values = snapshot.read()
-        return ShardRows(to_host(keys), {VALUE_COLUMN: to_host(values)})
+def _pending(variable: SavedVariable, index: int) -> PendingShardRows | None:
+    """Shard ``index`` of ``variable`` and of its companions as table snapshots, whose
+    rows are read when the shard is written (None where a companion's core cannot look
+    keys up in a snapshot: then every row is read now)."""
+    lookups = {}
+    for column, companion in sorted(variable.companions().items()):
+        lookup = companion.shards[index].snapshot().lookup
+        if lookup is None:
+            return None
+        lookups[column] = lookup
+    table = variable.shards[index].snapshot()
 
-    return PendingShardRows(snapshot.rows, read)
+    def read() -> ShardRows:
+        keys, values = table.read()
+        columns = {VALUE_COLUMN: to_host(values)}
+        for column, lookup in lookups.items():
+            columns[column] = to_host(lookup(keys))
+        return ShardRows(to_host(keys), columns)
+
+    return PendingShardRows(table.rows, read)
 
 
 def _add_companions(

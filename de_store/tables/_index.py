@@ -75,6 +75,31 @@ def hash_keys(keys: tf.Tensor) -> tf.Tensor:
     return tf.bitwise.bitwise_xor(x, tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, 33), _LOW31))
 
 
+def find_in(index: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
+    """The row of each key in ``index``, a tensor (a table's snapshot), ``EMPTY`` for a
+    key it does not hold: the probe of a lookup, run eagerly round by round on the keys
+    left (a snapshot is looked up once, in the background, so nothing is compiled)."""
+    mask = tf.shape(index, out_type=tf.int64)[0] - 1
+    left = tf.range(tf.size(keys, out_type=tf.int64))
+    pos = home_slots(keys, mask)
+    done_at, done_rows = [], []
+    for _ in range(int(mask) + 1):  # every slot, at most: an index always has empty ones
+        if int(tf.size(left)) == 0:
+            break
+        entry = tf.gather(index, pos)
+        hit = tf.logical_and(entry[:, 1] >= 0, tf.equal(entry[:, 0], keys))
+        stop = tf.logical_or(hit, tf.equal(entry[:, 1], EMPTY))
+        done, keep = tf.where(stop)[:, 0], tf.where(tf.logical_not(stop))[:, 0]
+        done_at.append(tf.cast(tf.gather(left, done), tf.int32))
+        found = tf.gather(entry[:, 1], done)
+        done_rows.append(tf.where(tf.gather(hit, done), found, tf.constant(EMPTY, tf.int64)))
+        left, keys = tf.gather(left, keep), tf.gather(keys, keep)
+        pos = next_slots(tf.gather(pos, keep), keys, mask)
+    if not done_at:
+        return tf.zeros([0], tf.int64)
+    return tf.dynamic_stitch(done_at, done_rows)
+
+
 def handle_variable(handle: tf.Tensor, spec: tf.TensorSpec) -> tf.Variable:
     """A variable object over a resource handle given to a traced function.
 

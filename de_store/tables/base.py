@@ -17,10 +17,13 @@ import tensorflow as tf
 @dataclasses.dataclass(frozen=True)
 class TableSnapshot:
     """A table's content at one moment: ``rows`` keys, read by ``read()`` as
-    ``(keys [rows], values [rows, dim])`` whenever it is called."""
+    ``(keys [rows], values [rows, dim])`` whenever it is called; ``lookup(keys)``, where
+    the core offers it, gives the rows of any keys as the snapshot holds them (zeros for
+    keys it does not hold)."""
 
     rows: int
     read: Callable[[], tuple[tf.Tensor, tf.Tensor]]
+    lookup: Callable[[tf.Tensor], tf.Tensor] | None = None
 
 
 class TableCore(tf.Module, abc.ABC):

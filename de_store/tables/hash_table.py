@@ -285,7 +285,14 @@ class HashTable(TableCore):
                 rows = tf.gather(values, live[:, 1])
                 return self._exported(live[:, 0]), self._exported_values(rows)
 
-        return TableSnapshot(int(count), read)
+        def lookup(keys: tf.Tensor) -> tf.Tensor:
+            with tf.device(self._device):
+                rows = _index.find_in(index, self._keys(keys))
+                found = tf.gather(values, tf.maximum(rows, 0))
+                found = tf.where((rows >= 0)[:, None], found, tf.zeros_like(found))
+                return self._exported_values(found)
+
+        return TableSnapshot(int(count), read, lookup)
 
     def _exported(self, keys: tf.Tensor) -> tf.Tensor:
         return tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys

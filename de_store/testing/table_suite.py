@@ -79,8 +79,9 @@ class TableCoreTests:
         """A save reads its snapshot later (in the background): inserts, updates,
         accumulations, removals, a growth and a clear made after it must not show."""
         rng = np.random.default_rng(5)
-        start = tf.constant(rng.permutation(20_000).astype(np.int64))
-        table.insert(start, tf.constant(rng.standard_normal((20_000, 3), dtype=np.float32)))
+        start = tf.constant(rng.permutation(21_000).astype(np.int64))
+        table.insert(start, tf.constant(rng.standard_normal((21_000, 3), dtype=np.float32)))
+        table.remove(start[20_000:])  # tombstones the snapshot's lookups probe past
         expected = content(table)
         snapshot = table.snapshot()
         big = tf.constant(rng.permutation(40_000).astype(np.int64) + 10_000)  # a growth
@@ -96,6 +97,11 @@ class TableCoreTests:
                 zip(keys.numpy().tolist(), map(tuple, values.numpy().tolist()), strict=True)
             )
             assert found == expected
+        if snapshot.lookup is not None:  # held keys, removed keys, keys never held
+            asked = tf.concat([start[::-1], tf.constant([-5, 10**12], tf.int64)], 0)
+            found_rows = snapshot.lookup(asked).numpy().tolist()
+            wanted = [expected.get(k, (0.0, 0.0, 0.0)) for k in asked.numpy().tolist()]
+            assert list(map(tuple, found_rows)) == wanted
 
     def test_import_batches_round_trips(self, table: TableCore) -> None:
         table.insert(tf.range(20, dtype=tf.int64), rows(20))
