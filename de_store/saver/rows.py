@@ -29,6 +29,7 @@ from de_store.saver.variable_rows import (
     ShardRows,
     VariableRows,
     coalesce,
+    even_batches,
 )
 
 if TYPE_CHECKING:
@@ -322,7 +323,8 @@ def apply_rows(
     variable.clear()  # companions too
     for target in targets.values():
         reserve_shards(target, total)
-    for batch in coalesce(batches, LOAD_ROWS):  # a checkpoint holds each key once
+    given = sum(batch.rows for batch in batches)
+    for batch in even_batches(batches, given, LOAD_ROWS):  # a checkpoint holds each key once
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
             target.load_distinct(keys, to_tensor(batch.columns[column]))

@@ -150,6 +150,37 @@ def coalesce(batches: Iterable[ShardRows], rows: int) -> Iterator[ShardRows]:
         yield _concat(pending)
 
 
+def even_batches(batches: Iterable[ShardRows], total: int, most: int) -> Iterator[ShardRows]:
+    """The ``total`` rows of ``batches``, in order, regrouped into ``ceil(total / most)``
+    batches whose sizes differ by one at most.
+
+    A bulk load compiles its first probe rounds for each batch size class (a restore's
+    last, shorter batch would compile once more): equal batches share one.
+    """
+    count = max(-(-total // most), 1)
+    sizes = iter([total // count + (i < total % count) for i in range(count)])
+    pending: list[ShardRows] = []
+    held, wanted = 0, next(sizes)
+    for batch in batches:
+        start = 0
+        while start < batch.rows:
+            take = min(wanted - held, batch.rows - start)
+            pending.append(_slice(batch, start, start + take))
+            held, start = held + take, start + take
+            if held == wanted:
+                yield _concat(pending)
+                pending, held, wanted = [], 0, next(sizes, most)
+    if pending:
+        yield _concat(pending)
+
+
+def _slice(batch: ShardRows, start: int, end: int) -> ShardRows:
+    if (start, end) == (0, batch.rows):
+        return batch
+    columns = {name: column[start:end] for name, column in batch.columns.items()}
+    return ShardRows(batch.keys[start:end], columns)
+
+
 def _concat(batches: list[ShardRows]) -> ShardRows:
     if len(batches) == 1:
         return batches[0]

@@ -16,7 +16,7 @@ from de_store.formats import ExtraColumn, SchemaInfo, batch_from_numpy, get_form
 from de_store.saver import shards
 from de_store.saver.buckets import choose_num_buckets
 from de_store.saver.manifest import ColumnSpec
-from de_store.saver.variable_rows import VALUE_COLUMN, ShardRows, VariableRows
+from de_store.saver.variable_rows import VALUE_COLUMN, ShardRows, VariableRows, even_batches
 
 ROWS = 30_000  # 12 buckets of about 2,500 rows
 
@@ -89,3 +89,20 @@ def test_record_info_of_a_two_file_shard(tmp_path) -> None:
                                          schema_info=info, buffer_size=2)  # fmt: skip
     assert len(written.files) == 2
     assert shards._as_dict(written) == written.to_dict()
+
+
+def test_restored_rows_are_loaded_in_batches_of_even_size() -> None:
+    """A bulk load compiles per batch size class: a restore's batches differ by one row
+    at most, in the order read, every column cut with its keys."""
+    sizes = [3, 0, 10, 4]
+    parts, start = [], 0
+    for n in sizes:
+        keys = np.arange(start, start + n, dtype=np.int64)
+        parts.append(ShardRows(keys, {VALUE_COLUMN: keys[:, None] * 10.0}))
+        start += n
+    got = list(even_batches(parts, 17, 5))
+    assert [b.rows for b in got] == [5, 4, 4, 4]
+    np.testing.assert_array_equal(np.concatenate([b.keys for b in got]), np.arange(17))
+    for batch in got:
+        np.testing.assert_array_equal(batch.columns[VALUE_COLUMN][:, 0], batch.keys * 10.0)
+    assert [b.rows for b in even_batches(parts, 17, 100)] == [17]
