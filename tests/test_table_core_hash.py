@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from de_store.tables import HashTable
+from de_store.tables._index import capacity_for
 from de_store.testing.table_suite import TableCoreTests, content, rows
 from de_store.testing.tables import with_unordered_scatters
 
@@ -309,3 +310,21 @@ def test_a_hash_table_snapshot_looks_keys_up(fixed_shapes: bool) -> None:
     assert snapshot.lookup is not None
     table.insert(tf.constant([5], tf.int64), tf.ones([1, 2]))
     assert snapshot.lookup(tf.constant([4, 5], tf.int64)).numpy().tolist() == [[1, 1], [0, 0]]
+
+
+def test_an_insert_that_grows_the_index_leaves_room_for_three_more_like_it() -> None:
+    """Each capacity costs a rehash and XLA compiles: a table filled batch after batch
+    grows once for four batches. A bulk load (a restore) sizes the index exactly."""
+    table = HashTable(tf.int64, tf.float32, 2, name="emb/filled")
+    batches = [tf.range(i * 1000, (i + 1) * 1000, dtype=tf.int64) for i in range(4)]
+    table.insert(batches[0], tf.ones([1000, 2]))
+    assert capacity_for(1000, table.max_load_factor) == 2048
+    assert table.capacity() == capacity_for(4000, table.max_load_factor) == 8192
+    for batch in batches[1:]:
+        table.insert(batch, tf.ones([1000, 2]))
+        assert table.capacity() == 8192
+    assert content(table) == {k: (1.0, 1.0) for k in range(4000)}
+    loaded = HashTable(tf.int64, tf.float32, 2, name="emb/loaded")
+    loaded.reserve(1000)
+    loaded.load_distinct(batches[0], tf.ones([1000, 2]))
+    assert loaded.capacity() == 2048

@@ -10,6 +10,12 @@ import tensorflow as tf
 from de_store.tables._index import empty_index
 from de_store.tables._tracking import push, read_shared, replace, variable_length
 
+#: Most keys an insert's growth leaves room for beyond its own (see ``reserve``): 2**22,
+#: an index of at most 2**23 more slots (128 MB).
+AHEAD_MAX_KEYS = 1 << 22
+#: Batches like the one that makes a table grow that the growth leaves room for.
+BATCHES_AHEAD = 3
+
 
 class CapacityOps:
     """Mixed into ``TableOps``: ``self.t`` is the table; ``TableOps`` places keys."""
@@ -98,15 +104,22 @@ class CapacityOps:
         self.place_from_home(entries[:, 0], entries[:, 1])
         self.t.num_deleted.assign(0)
 
-    def reserve(self, incoming: tf.Tensor) -> None:
-        """Rehash into a bigger index first when ``incoming`` new keys could overflow it."""
+    def reserve(self, incoming: tf.Tensor, batches_ahead: int = 0) -> None:
+        """Rehash into a bigger index first when ``incoming`` new keys could overflow it.
+
+        A growth also leaves room for ``batches_ahead`` more batches of ``incoming`` keys
+        (at most :data:`AHEAD_MAX_KEYS` keys more): an insert that makes the table grow
+        may well be followed by more like it (a table being filled), and every capacity
+        a table meets costs a rehash and the compiles of its first probe rounds.
+        """
         t = self.t
         capacity = variable_length(t.index)
         used = t.num_keys + t.num_deleted + incoming
         limit = self._load_limit(capacity)
 
         def grow() -> tf.Tensor:
-            target = t.num_keys + incoming
+            ahead = tf.minimum(incoming * batches_ahead, AHEAD_MAX_KEYS)
+            target = t.num_keys + incoming + ahead
             new_capacity = tf.while_loop(
                 lambda c: tf.cast(c, tf.float64) * t.max_load_factor < tf.cast(target, tf.float64),
                 lambda c: c * 2,

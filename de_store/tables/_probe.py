@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from de_store.tables._capacity import CapacityOps
+from de_store.tables._capacity import BATCHES_AHEAD, CapacityOps
 from de_store.tables._index import (
     COMPILED_MIN_KEYS,
     DELETED,
@@ -326,7 +326,10 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         n = _count(keys)
         # A fixed-shape table reserves for the keys absent now (its room check counted
         # them): the whole batch could ask a full table for a rehash it cannot grow into.
-        self.reserve(self._incoming("insert", keys) if t.fixed_shapes else n)
+        if t.fixed_shapes:
+            self.reserve(self._incoming("insert", keys))
+        else:
+            self.reserve(n, BATCHES_AHEAD)
         # Key ``i`` claims with the token ``base + i`` (rows held now are below ``base``).
         base = t.next_row.read_value()
         claims = self.find_or_claim(keys, base)

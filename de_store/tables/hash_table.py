@@ -6,7 +6,10 @@ Layout
 open-addressing array probed by double hashing (a key steps by an odd stride of its own,
 ``probe_step``); one gather reads a slot's key and row together.
 The row is the key's row id, or ``EMPTY`` / ``DELETED`` (a tombstone, so probe chains
-stay valid).
+stay valid). An insert that makes the index grow leaves room for three more batches of its
+size as well (at most 2**22 keys more): a table being filled batch after batch then meets
+few capacities, and each capacity costs a rehash and the XLA compiles of the first probe
+rounds.
 *Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth`` (times what a
 batch needs, when it needs more than that); rows freed by
 ``remove`` go on a free list (``free_rows``) and are reused first.
@@ -117,7 +120,8 @@ class HashTable(TableCore):
     init_size
         Number of keys to make room for up front.
     max_load_factor
-        The index grows (doubling) before ``(keys + tombstones) / capacity`` would pass this.
+        The index grows (doubling, as often as needed) before ``(keys + tombstones) /
+        capacity`` would pass this.
     row_growth
         Factor by which the row store grows when it is full, ``> 1``.
     track_changes
