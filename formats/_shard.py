@@ -201,15 +201,18 @@ def read_together(
     return fetched
 
 
-def map_ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = READ_AHEAD) -> Iterator[R]:
-    """``map(fn, items)`` in order, with up to ``depth`` calls running ahead in threads.
+def map_ahead(
+    fn: Callable[[T], R], items: Iterable[T], depth: int = READ_AHEAD, name: str = "read"
+) -> Iterator[R]:
+    """``map(fn, items)`` in order, with up to ``depth`` calls running ahead in threads
+    (named ``de_store-{name}``).
 
     Reading (I/O) and decoding (Arrow releases the GIL) of the next parts then overlap
     with the caller's use of the current one; at most ``depth + 1`` results are in hand.
     Calls start in the order of ``items`` (one :class:`PartReader` turn each).
     """
     pending: collections.deque[Future[R]] = collections.deque()
-    pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="de_store-read")
+    pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix=f"de_store-{name}")
     try:
         for item in items:
             pending.append(pool.submit(fn, item))

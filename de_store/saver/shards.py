@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from de_store.backends.base import Backend
 from de_store.formats import get_format
+from de_store.formats._shard import map_ahead
 from de_store.formats.base import ExtraColumn, SchemaInfo
 from de_store.formats.batches import batch_from_numpy
 from de_store.saver.buckets import choose_num_buckets, group_by_bucket
@@ -63,8 +64,8 @@ def _bucketed_batches(
     """Batches of one bucket each, at most ``buffer_size`` rows; ``out`` gets their buckets.
 
     Rows are gathered into bucket order a chunk of whole buckets at a time (one ``take``
-    per column and chunk), so the shard is never copied whole; each part is a zero-copy
-    slice of its chunk.
+    per column and chunk, the next chunk in a helper thread while this one is written),
+    so the shard is never copied whole; each part is a zero-copy slice of its chunk.
     """
     order, counts = group_by_bucket(shard.keys, key_dtype)
     ends = np.cumsum(counts)
@@ -78,8 +79,9 @@ def _bucketed_batches(
         values = columns.pop(VALUE_COLUMN)
         return batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
 
-    for first, last in chunks:
-        batch = gather((first, last))
+    # The next chunk is gathered (numpy's take releases the GIL) while this one is written.
+    gathered = map_ahead(gather, chunks, depth=1, name="gather")
+    for (first, last), batch in zip(chunks, gathered, strict=True):
         base = int(ends[first] - counts[first])
         for bucket in range(first, last):
             bucket_end = int(ends[bucket]) - base
