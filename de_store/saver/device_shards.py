@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from de_store.backends.local import fsync_dir
+from de_store.errors import CheckpointError
 from de_store.formats._shard import shard_info
 from de_store.formats._stream import crc32c_combine
 from de_store.formats.base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
@@ -75,7 +76,7 @@ def write_on_device(
         counts, lows, highs = _save_buckets(tf.constant(prefixes), num_buckets, tensors)
     counts, lows, highs = (np.asarray(x) for x in (counts, lows, highs))
     buckets = [int(b) for b in np.flatnonzero(counts)]
-    entries = [_entries_of(prefix, buckets) for prefix in prefixes]
+    entries = [_entries_of(prefix, buckets, rows.device) for prefix in prefixes]
     row_bytes = [numpy_dtype(d).itemsize * w for d, w in _column_layout(info)]
     parts, start = [], 0
     for i, bucket in enumerate(buckets):
@@ -104,12 +105,20 @@ def _column_layout(info: SchemaInfo) -> list[tuple[str, int]]:
     ]
 
 
-def _entries_of(prefix: str, buckets: list[int]) -> list[Any]:
-    """The index entries of the ``buckets`` in the bundle ``prefix``; the index is then
-    deleted."""
+def _entries_of(prefix: str, buckets: list[int], device: str) -> list[Any]:
+    """The index entries of the ``buckets`` in the bundle ``prefix`` that ``device``
+    wrote; the index is then deleted."""
     where = index_path(prefix)
-    with open(where, "rb") as f:
-        found = read_index(f.read(), where)
+    try:
+        with open(where, "rb") as f:
+            found = read_index(f.read(), where)
+    except FileNotFoundError as err:
+        raise CheckpointError(
+            f"{device} wrote its shard, but {where} is not there for this process: the "
+            "checkpoint folder must be one that every task sees at the same path (a shared "
+            "mount); elsewhere save with tf.train.CheckpointOptions(experimental_io_device="
+            "<this process's CPU>) to write every row through this process"
+        ) from err
     os.unlink(where)
     return [found[_name(b)] for b in buckets]
 

@@ -18,10 +18,10 @@ import pytest
 import tensorflow as tf
 
 from de_store.backends import open_backend
-from de_store.errors import ChecksumError, FormatError
+from de_store.errors import CheckpointError, ChecksumError, FormatError
 from de_store.formats import get_format
 from de_store.formats.base import ShardInfo
-from de_store.saver import shards
+from de_store.saver import device_shards, shards
 from de_store.saver._tf_bundle import read_index
 from de_store.saver.device_shards import DeviceShardRows
 from de_store.saver.manifest import ColumnSpec
@@ -140,3 +140,10 @@ def test_a_bundle_index_is_checked_before_it_is_used(tmp_path) -> None:
         read_index(bytes(damaged), "b.index")
     with pytest.raises(FormatError, match="x: not a TensorFlow bundle index"):
         read_index(b"\0" * 64, "x")
+
+
+def test_a_device_whose_files_this_process_cannot_see_fails_the_save_clearly(tmp_path) -> None:
+    """A task on another machine writes to its own disk when the folder is not shared."""
+    with pytest.raises(CheckpointError, match=r"/job:ps/task:1 wrote its shard, but .*/s-keys"
+                       r"\.tf\.index is not there for this process: .*shared mount"):  # fmt: skip
+        device_shards._entries_of(str(tmp_path / "s-keys.tf"), [0], "/job:ps/task:1")
