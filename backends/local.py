@@ -24,7 +24,16 @@ from .fsspec_generic import FsspecBackend
 
 def fsync_dir(path: str) -> None:
     """Make the entries of directory ``path`` (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    _fsync(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def fsync_file(path: str) -> None:
+    """Make the content of file ``path`` durable, whichever process wrote it."""
+    _fsync(path, os.O_RDONLY)
+
+
+def _fsync(path: str, flags: int) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:

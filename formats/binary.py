@@ -99,7 +99,7 @@ class BinaryFormat(ShardFormat):
     ) -> ShardInfo:
         where = location(backend, path)
         check_storable(schema_info, where)
-        dtypes = [numpy_dtype(d) for d in _column_dtypes(schema_info)]
+        dtypes = [numpy_dtype(d) for d, _ in column_layout(schema_info)]
         paths = column_paths(path, schema_info)
         with contextlib.ExitStack() as stack:
             sinks = [ChecksummingWriter(stack.enter_context(backend.open_write(p))) for p in paths]
@@ -158,8 +158,11 @@ def _read_verified(
             check_crc_value(location(backend, file.path), file.crc32c, found)
 
 
-def _column_dtypes(schema_info: SchemaInfo) -> list[str]:
-    return [schema_info.key_dtype, schema_info.value_dtype] + [e.dtype for e in schema_info.extras]
+def column_layout(schema_info: SchemaInfo) -> list[tuple[str, int]]:
+    """``(dtype, values a row)`` of each file of a binary shard, in file order."""
+    return [(schema_info.key_dtype, 1), (schema_info.value_dtype, schema_info.dim)] + [
+        (e.dtype, e.width or 1) for e in schema_info.extras
+    ]
 
 
 def decode_pair(keys: bytes, values: bytes, schema: pa.Schema) -> pa.RecordBatch:

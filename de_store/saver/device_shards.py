@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from de_store.backends.local import fsync_dir
+from de_store.backends.local import fsync_dir, fsync_file
 from de_store.errors import CheckpointError
 from de_store.formats._shard import shard_info
 from de_store.formats._stream import crc32c_combine
 from de_store.formats.base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
-from de_store.formats.binary import column_paths, numpy_dtype
+from de_store.formats.binary import column_layout, column_paths, numpy_dtype
 from de_store.saver._lazy_tf import tf
 from de_store.saver._tf_bundle import data_path, index_path, read_index
 from de_store.saver.variable_rows import VALUE_COLUMN, DeviceShardRows
@@ -41,21 +41,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger("de_store")
 
 
-def device_path(backend: Backend, path: str, rows: DeviceShardRows) -> str | None:
-    """The local path the device writes ``path`` at, or None (after logging why) when the
-    shard must go through this process."""
-    local = backend.local_path(path)
-    if local is None:
-        logger.info(
-            "rows on %s go through this process: %s is not a local path that task can write",
-            rows.device,
-            backend.url,
-        )
+def writes_on_device(backend: Backend, path: str, rows: DeviceShardRows) -> bool:
+    """Whether ``rows``' device can write the shard ``path`` itself; when not, logs why
+    the rows go through this process."""
+    if backend.local_path(path) is None:
+        reason = f"{backend.url} is not a local path that task can write"
     elif rows.keys.dtype == tf.string:
-        logger.info("rows on %s go through this process: binary shards hold no string keys",
-                    rows.device)  # fmt: skip
-        local = None
-    return local
+        reason = "binary shards hold no string keys"
+    else:
+        return True
+    logger.info("rows on %s go through this process: %s", rows.device, reason)
+    return False
 
 
 def write_on_device(
@@ -77,7 +73,7 @@ def write_on_device(
     counts, lows, highs = (np.asarray(x) for x in (counts, lows, highs))
     buckets = [int(b) for b in np.flatnonzero(counts)]
     entries = [_entries_of(prefix, buckets, rows.device) for prefix in prefixes]
-    row_bytes = [numpy_dtype(d).itemsize * w for d, w in _column_layout(info)]
+    row_bytes = [numpy_dtype(d).itemsize * w for d, w in column_layout(info)]
     parts, start = [], 0
     for i, bucket in enumerate(buckets):
         n = int(counts[bucket])
@@ -96,13 +92,6 @@ def write_on_device(
     ]
     fsync_dir(os.path.dirname(local[0]))
     return shard_info("binary", path, info, parts, files), buckets
-
-
-def _column_layout(info: SchemaInfo) -> list[tuple[str, int]]:
-    """``(dtype, values a row)`` of each file of a binary shard."""
-    return [(info.key_dtype, 1), (info.value_dtype, info.dim)] + [
-        (e.dtype, e.width or 1) for e in info.extras
-    ]
 
 
 def _entries_of(prefix: str, buckets: list[int], device: str) -> list[Any]:
@@ -135,11 +124,7 @@ def _publish(prefix: str, final: str, path: str, ranges: list[ByteRange]) -> Fil
     if end != size:
         raise AssertionError(f"{data_path(prefix)}: {size} bytes, its parts cover {end}")
     os.replace(data_path(prefix), final)
-    fd = os.open(final, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_file(final)
     return FileInfo(path, size, crc)
 
 

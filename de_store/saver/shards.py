@@ -24,7 +24,7 @@ from de_store.formats.base import ExtraColumn, SchemaInfo
 from de_store.formats.batches import batch_from_numpy
 from de_store.saver.buckets import choose_num_buckets, group_by_bucket
 from de_store.saver.checks import read_checked
-from de_store.saver.device_shards import device_path, write_on_device
+from de_store.saver.device_shards import write_on_device, writes_on_device
 from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.saver.variable_rows import (
     VALUE_COLUMN,
@@ -125,16 +125,16 @@ def write_shard(
         shard = shard.read()
     info = schema_info(rows, global_shard)
     # a per-save unique suffix: a rewrite never overwrites a committed generation's files
-    name = f"{kind}r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}"
+    stem = f"{_variable_dir(rows.name)}/{kind}r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}"
     if isinstance(shard, DeviceShardRows):
-        if device_path(backend, f"{_variable_dir(rows.name)}/{name}", shard) is not None:
-            return _write_on_device(backend, f"{_variable_dir(rows.name)}/{name}", shard,
-                                    info, rank=rank, global_shard=global_shard)  # fmt: skip
+        if writes_on_device(backend, stem, shard):
+            return _write_on_device(backend, stem, shard, info, rank=rank,
+                                    global_shard=global_shard)  # fmt: skip
         shard = shard.to_host()
     if rows.key_dtype == "string":
         shard = dataclasses.replace(shard, keys=_string_keys(shard.keys))
     fmt = get_format(format_name)
-    path = f"{_variable_dir(rows.name)}/{name}{fmt.suffix}"
+    path = stem + fmt.suffix
     part_buckets: list[int] = []
     batches = _bucketed_batches(
         shard, rows.key_dtype, info.arrow_schema(), buffer_size, part_buckets
