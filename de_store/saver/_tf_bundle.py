@@ -51,7 +51,11 @@ def read_index(data: bytes, where: str) -> dict[str, BundleEntry]:
     from tensorflow.core.protobuf import tensor_bundle_pb2
 
     if len(data) < _FOOTER_BYTES or struct.unpack("<Q", data[-8:])[0] != _TABLE_MAGIC:
-        raise FormatError(f"{where}: not a TensorFlow bundle index (no table footer)")
+        raise FormatError(
+            f"{where}: not a TensorFlow bundle index: expected a table footer ending in "
+            f"{_TABLE_MAGIC:#x} in its last {_FOOTER_BYTES} bytes, found {len(data)} bytes "
+            "without it"
+        )
     footer = data[-_FOOTER_BYTES:]
     _, pos = _varint(footer, 0)  # the metaindex block: unused
     _, pos = _varint(footer, pos)
@@ -74,14 +78,22 @@ def read_index(data: bytes, where: str) -> dict[str, BundleEntry]:
 def _block(data: bytes, offset: int, size: int, where: str) -> list[tuple[bytes, bytes]]:
     """The ``(key, value)`` entries of the table block at ``offset``, checked."""
     if offset + size + 5 > len(data):
-        raise FormatError(f"{where}: a block runs past the end of the file")
+        raise FormatError(
+            f"{where}: the block at byte {offset} ({size} bytes and its 5-byte trailer) "
+            f"runs past the end of the file ({len(data)} bytes)"
+        )
     contents, kind = data[offset : offset + size], data[offset + size]
     (stored,) = struct.unpack("<I", data[offset + size + 1 : offset + size + 5])
     found = google_crc32c.value(data[offset : offset + size + 1])
     if unmask(stored) != found:
-        raise FormatError(f"{where}: block at byte {offset} fails its crc32c")
+        raise FormatError(
+            f"{where}: block at byte {offset} fails its crc32c: recorded "
+            f"{unmask(stored):#010x}, computed {found:#010x}"
+        )
     if kind != 0:
-        raise FormatError(f"{where}: compressed block (type {kind}) at byte {offset}")
+        raise FormatError(
+            f"{where}: block at byte {offset} is compressed (type {kind}), expected type 0"
+        )
     (restarts,) = struct.unpack("<I", contents[-4:])
     end = len(contents) - 4 - 4 * restarts
     entries, key, pos = [], b"", 0
