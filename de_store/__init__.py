@@ -16,6 +16,10 @@ try:
 except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
     __version__ = "0+unknown"
 
+from de_store._cache import use_xla_cache as _use_xla_cache
+
+_use_xla_cache()  # before TensorFlow's runtime starts: it reads TF_XLA_FLAGS once
+
 if TYPE_CHECKING:
     from de_store.compact import compact
     from de_store.embedding import TrainableWrapper, embedding_lookup, trainable_wrapper_filter

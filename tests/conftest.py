@@ -20,9 +20,16 @@ Ask for ``storage_location`` to run a test once per backend (local, memory, s3, 
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+# The kernel and XLA caches of this test session, fresh each run (the processes that tests
+# start inherit it): the first use of a kernel traces it, later processes load it.
+_CACHE_DIR = os.environ["DE_STORE_CACHE_DIR"] = tempfile.mkdtemp(prefix="de_store_test_cache_")
 
 import pytest
 import tensorflow as tf
@@ -92,3 +99,7 @@ def storage_location(request: pytest.FixtureRequest) -> StorageLocation:
     """One empty location per backend: local dir, memory://, S3 (moto), GCS (emulator)."""
     location: StorageLocation = request.getfixturevalue(f"{request.param}_location")
     return location
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_CACHE_DIR, ignore_errors=True)

@@ -12,8 +12,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from de_store.tables import _kernel_cache
 from de_store.tables._index import handle_variable
-from de_store.tables._locking import critical_section, with_graph_op
+from de_store.tables._locking import critical_section, unoptimized_calls, with_graph_op
 from de_store.tables._probe import TableOps
 from de_store.tables._tracking import STAMP_DTYPE
 from de_store.tables._types import Config, State, View
@@ -32,6 +33,7 @@ class Kernels:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self._eager_calls: dict[str, Any] = {}
         names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
         names += ["clear", "prepare", "export_all", "export_changes", "forget_removed", "size"]
         names.append("snapshot")
@@ -50,7 +52,43 @@ class Kernels:
         added, grouped: what ``Session.run`` fetches to run it.
         """
         handles = tuple(v.handle for v in state)
+        if tf.executing_eagerly():
+            with unoptimized_calls():
+                return self._eager(name)(mutex, *handles, *args)
         return with_graph_op(lambda: getattr(self, name)(mutex, handles, *args))
+
+    def _eager(self, name: str) -> Any:
+        """Kernel ``name`` for eager calls, taking its inputs flat: from the kernel cache
+        (:mod:`._kernel_cache`), or traced now and written there."""
+        known = self._eager_calls.get(name)
+        if known is not None:
+            return known
+        function = getattr(self, name)
+        specs = tf.nest.flatten(function.input_signature)
+        kernel = _kernel_cache.load(self.config, name)
+        if kernel is None:
+            # Stored, then run as loaded: this process's XLA compiles then carry the
+            # names later processes see, and TensorFlow's XLA cache serves those.
+            _kernel_cache.store(self.config, name, function.get_concrete_function())
+            kernel = _kernel_cache.load(self.config, name) or self._traced(function)
+
+        def call(*flat: Any) -> Any:
+            return kernel(
+                *(tf.convert_to_tensor(x, s.dtype) for x, s in zip(flat, specs, strict=True))
+            )
+
+        self._eager_calls[name] = call
+        return call
+
+    @staticmethod
+    def _traced(function: Any) -> Any:
+        """``function`` taking its inputs flat (mutex, variable handles, arguments)."""
+        count = len(State._fields)
+
+        def call(mutex: tf.Tensor, *flat: tf.Tensor) -> Any:
+            return function(mutex, flat[:count], *flat[count:])
+
+        return call
 
     def _function(self, name: str) -> tf.types.experimental.PolymorphicFunction:
         # The variables come in as resource handles (plain tensor inputs, so one trace

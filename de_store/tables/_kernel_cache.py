@@ -1,0 +1,173 @@
+"""Traced kernels kept on disk, so a new process calls them without tracing them again.
+
+Tracing the kernels of one table config builds a few thousand ops in Python: about 0.5 s
+for the insert kernel alone, paid again by every process that fills or restores a table.
+A kernel traced once is written here as its function library (the ``FunctionDef`` s of the
+kernel and of every function it calls); a later process with the same TensorFlow, the same
+table code and the same config adds those definitions to its context and calls the kernel
+by name, eagerly, as TensorFlow calls any traced function. Calls made while tracing a
+caller's ``tf.function`` are not served from here: they need the traced function.
+
+An entry's name is a digest of everything its graph depends on: TensorFlow's version, the
+source of :mod:`de_store.tables` and the config. Its functions are renamed after that
+digest, so they cannot collide with the functions a process traces itself. An entry that
+cannot be read or does not match its checksum is ignored (the kernel is traced, and the
+entry written anew). Entries are written to a temporary file and renamed, so a reader
+never sees half of one.
+
+XLA compiles are kept by TensorFlow's persistent XLA cache, pointed into the same
+directory when ``de_store`` is imported (:mod:`de_store._cache`).
+
+The directory is ``$DE_STORE_CACHE_DIR`` (default ``~/.cache/de_store``, under
+``$XDG_CACHE_HOME`` when set); ``DE_STORE_CACHE_DIR=off`` turns both caches off. Nothing
+in it is ever needed: deleting it costs the next process its traces and compiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+from google.protobuf.message import DecodeError
+from tensorflow.core.framework import function_pb2
+from tensorflow.python.eager import context
+
+from de_store._cache import cache_root
+from de_store.tables._types import Config
+
+log = logging.getLogger("de_store")
+
+__all__ = ["load", "store"]
+
+_FORMAT = 1
+
+
+def _kernel_dir() -> pathlib.Path | None:
+    root = cache_root()
+    return None if root is None else root / "kernels"
+
+
+@functools.cache
+def _code_digest() -> str:
+    """A digest of TensorFlow's version and the source of :mod:`de_store.tables`."""
+    digest = hashlib.sha256()
+    digest.update(f"{_FORMAT}|{tf.version.VERSION}|{tf.version.GIT_VERSION}".encode())
+    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _entry_key(config: Config, name: str) -> str:
+    text = f"{_code_digest()}|{config!r}|{name}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def store(config: Config, name: str, concrete: Any) -> None:
+    """Write the traced kernel ``concrete`` (a ``ConcreteFunction``) as the entry of
+    ``(config, name)``; a kernel that captures tensors, or a directory that cannot be
+    written, is left out (logged at DEBUG)."""
+    root = _kernel_dir()
+    if root is None:
+        return
+    if concrete.captured_inputs:
+        log.debug("kernel %s captures tensors: not cached", name)
+        return
+    key = _entry_key(config, name)
+    library = function_pb2.FunctionDefLibrary()
+    library.function.extend(concrete.graph.as_graph_def().library.function)
+    library.function.append(concrete.function_def)
+    main = _renamed(library, f"de_store_{key}")[concrete.function_def.signature.name]
+    try:
+        outputs = _numbered(concrete.structured_outputs, iter(range(1 << 30)))
+    except TypeError as err:
+        log.debug("kernel %s not cached: %s", name, err)
+        return
+    payload = library.SerializeToString(deterministic=True)
+    header = {"main": main, "outputs": outputs, "sha256": hashlib.sha256(payload).hexdigest()}
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=f".{key}-", delete=False) as out:
+            out.write(json.dumps(header).encode() + b"\n" + payload)
+        os.replace(out.name, root / f"{key}.kernel")
+    except OSError as err:
+        log.debug("kernel cache %s not written: %s", root, err)
+        return
+    log.debug("kernel %s traced and written to %s", name, root / f"{key}.kernel")
+
+
+def load(config: Config, name: str) -> Callable[..., Any] | None:
+    """The cached kernel of ``(config, name)`` as an eager callable taking the kernel's
+    flat inputs, or ``None`` when there is no valid entry."""
+    root = _kernel_dir()
+    if root is None:
+        return None
+    path = root / f"{_entry_key(config, name)}.kernel"
+    try:
+        header_line, payload = path.read_bytes().split(b"\n", 1)
+        header = json.loads(header_line)
+        if hashlib.sha256(payload).hexdigest() != header["sha256"]:
+            raise ValueError("the functions do not match their checksum")
+        library = function_pb2.FunctionDefLibrary.FromString(payload)
+        main, outputs = str(header["main"]), header["outputs"]
+        count = len(tf.nest.flatten(outputs))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, DecodeError) as err:
+        log.debug("kernel cache entry %s ignored: %s", path, err)
+        return None
+    log.debug("kernel %s loaded from %s", name, path)
+
+    def call(*inputs: tf.Tensor) -> Any:
+        ctx = context.context()
+        if not ctx.has_function(main):
+            for fdef in library.function:  # callees first, as the trace listed them
+                if not ctx.has_function(fdef.signature.name):
+                    ctx.add_function_def(fdef)
+        flat = ctx.call_function(main.encode(), list(inputs), count)
+        return None if outputs is None else _packed(outputs, flat or [])
+
+    return call
+
+
+def _renamed(library: function_pb2.FunctionDefLibrary, prefix: str) -> dict[str, str]:
+    """Rename every function of ``library`` to ``{prefix}_{i}`` and every reference to it
+    (call ops, ``func`` attributes of calls, conditionals and loops); return the names."""
+    names = {f.signature.name: f"{prefix}_{i}" for i, f in enumerate(library.function)}
+    for fdef in library.function:
+        fdef.signature.name = names[fdef.signature.name]
+        for node in fdef.node_def:
+            if node.op in names:
+                node.op = names[node.op]
+            for attr in node.attr.values():
+                if attr.HasField("func") and attr.func.name in names:
+                    attr.func.name = names[attr.func.name]
+                for func in attr.list.func:
+                    if func.name in names:
+                        func.name = names[func.name]
+    return names
+
+
+def _numbered(structure: Any, counter: Any) -> Any:
+    """``structure`` (tensors in tuples) with each tensor replaced by its flat index."""
+    if structure is None:
+        return None
+    if type(structure) in (tuple, list):
+        return [_numbered(x, counter) for x in structure]
+    if isinstance(structure, tf.Tensor):
+        return next(counter)
+    raise TypeError(f"outputs of type {type(structure).__name__} are not cached")
+
+
+def _packed(numbered: Any, flat: list[tf.Tensor]) -> Any:
+    if isinstance(numbered, list):
+        return tuple(_packed(x, flat) for x in numbered)
+    return flat[numbered]

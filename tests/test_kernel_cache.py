@@ -1,0 +1,111 @@
+"""The kernel cache: a process that finds a table's kernels on disk runs them without
+tracing, with the same results; a damaged entry is ignored; ``off`` writes nothing.
+
+Each case runs real processes: the cache is read when a process first runs a kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+# Upserts with repeated and present keys, accums, removals, lookups of present and missing
+# keys, and an export: every eager kernel a training run and a checkpoint use.
+SCRIPT = textwrap.dedent(
+    """
+    import json, logging, os, sys
+    import numpy as np
+    import tensorflow as tf
+    from de_store.tables import HashTable
+
+    logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s")
+    logging.getLogger("de_store").setLevel(logging.DEBUG)
+    table = HashTable(key_dtype=tf.int64, dim=3, value_dtype=tf.float32)
+    rng = np.random.default_rng(7)
+    for n in (5, 40_000, 3):  # small batches probe in the graph loop, big ones compiled
+        keys = rng.integers(0, 2 * n, n)  # repeats, and keys present from the last batch
+        table.insert(tf.constant(keys), tf.constant(rng.normal(size=(n, 3)), tf.float32))
+    table.accum(tf.constant([1, 2, 10**12]), tf.ones([3, 3]))
+    table.remove(tf.constant([2, 3, 10**13]))
+    values, found = table.lookup(tf.constant([1, 2, 4, 10**12, -5]))
+    keys, rows = table.export_all()
+    order = np.argsort(keys.numpy())
+    print(json.dumps({
+        "size": int(table.size()),
+        "lookup": values.numpy().tolist(),
+        "found": found.numpy().tolist(),
+        "keys": keys.numpy()[order].tolist(),
+        "rows": rows.numpy()[order].round(6).tolist(),
+        "xla_flags": os.environ.get("TF_XLA_FLAGS", ""),
+    }))
+    """
+)
+
+
+def _run(tmp_path: Path, cache: str) -> tuple[dict, str]:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "TF_XLA_FLAGS"}
+    env["DE_STORE_CACHE_DIR"] = cache
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def _kernel_lines(log: str, what: str) -> list[str]:
+    return sorted(
+        line.split()[1] for line in log.splitlines() if line.startswith("kernel ") and what in line
+    )
+
+
+def test_a_later_process_runs_the_cached_kernels_with_the_same_results(tmp_path):
+    cache = tmp_path / "cache"
+    first, first_log = _run(tmp_path, str(cache))
+    written = _kernel_lines(first_log, "traced and written")
+    assert {"insert", "lookup", "remove", "accum_insert", "export_all"} <= set(written)
+    entries = sorted(p.name for p in (cache / "kernels").iterdir())
+    assert len(entries) == len(written)
+
+    second, second_log = _run(tmp_path, str(cache))
+    assert _kernel_lines(second_log, "traced and written") == []
+    assert _kernel_lines(second_log, "loaded from") == written
+    assert second == first
+    assert sorted(p.name for p in (cache / "kernels").iterdir()) == entries
+    assert f"--tf_xla_persistent_cache_directory={cache / 'xla'}" in first["xla_flags"]
+    assert any((cache / "xla").rglob("*.pb")), "no XLA executable was cached"
+
+
+def test_a_damaged_entry_is_traced_again_and_rewritten(tmp_path):
+    cache = tmp_path / "cache"
+    expected, _ = _run(tmp_path, str(cache))
+    entries = sorted((cache / "kernels").iterdir())
+    flipped = bytearray(entries[0].read_bytes())
+    flipped[-10] ^= 0xFF  # in the functions: no longer their checksum
+    entries[0].write_bytes(bytes(flipped))
+    entries[1].write_bytes(b"not an entry")
+
+    got, log = _run(tmp_path, str(cache))
+    assert got == expected
+    assert log.count("ignored") == 2
+    assert len(_kernel_lines(log, "traced and written")) == 2
+
+    again, log = _run(tmp_path, str(cache))  # the entries written anew serve
+    assert again == expected
+    assert _kernel_lines(log, "traced and written") == []
+
+
+@pytest.mark.parametrize("setting", ["off", ""])
+def test_off_writes_nothing(tmp_path, setting):
+    got, log = _run(tmp_path, setting)
+    assert "tf_xla_persistent_cache_directory" not in got["xla_flags"]
+    assert _kernel_lines(log, "written") == []
+    assert _kernel_lines(log, "loaded") == []
+    assert list(tmp_path.iterdir()) == [tmp_path / "script.py"]
