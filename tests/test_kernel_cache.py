@@ -26,7 +26,8 @@ SCRIPT = textwrap.dedent(
 
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s")
     logging.getLogger("de_store").setLevel(logging.DEBUG)
-    table = HashTable(key_dtype=tf.int64, dim=3, value_dtype=tf.float32)
+    fixed = os.environ["FIXED_SHAPES"] == "1"
+    table = HashTable(key_dtype=tf.int64, dim=3, value_dtype=tf.float32, fixed_shapes=fixed)
     rng = np.random.default_rng(7)
     for n in (5, 40_000, 3):  # small batches probe in the graph loop, big ones compiled
         keys = rng.integers(0, 2 * n, n)  # repeats, and keys present from the last batch
@@ -48,11 +49,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, cache: str) -> tuple[dict, str]:
+def _run(tmp_path: Path, cache: str, fixed_shapes: bool = False) -> tuple[dict, str]:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "TF_XLA_FLAGS"}
     env["DE_STORE_CACHE_DIR"] = cache
+    env["FIXED_SHAPES"] = str(int(fixed_shapes))
     done = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
     )
@@ -66,15 +68,16 @@ def _kernel_lines(log: str, what: str) -> list[str]:
     )
 
 
-def test_a_later_process_runs_the_cached_kernels_with_the_same_results(tmp_path):
+@pytest.mark.parametrize("fixed_shapes", [False, True], ids=["growable", "fixed_shapes"])
+def test_a_later_process_runs_the_cached_kernels_with_the_same_results(tmp_path, fixed_shapes):
     cache = tmp_path / "cache"
-    first, first_log = _run(tmp_path, str(cache))
+    first, first_log = _run(tmp_path, str(cache), fixed_shapes)
     written = _kernel_lines(first_log, "traced and written")
     assert {"insert", "lookup", "remove", "accum_insert", "export_all"} <= set(written)
     entries = sorted(p.name for p in (cache / "kernels").iterdir())
     assert len(entries) == len(written)
 
-    second, second_log = _run(tmp_path, str(cache))
+    second, second_log = _run(tmp_path, str(cache), fixed_shapes)
     assert _kernel_lines(second_log, "traced and written") == []
     assert _kernel_lines(second_log, "loaded from") == written
     assert second == first

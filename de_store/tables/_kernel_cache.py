@@ -47,7 +47,7 @@ log = logging.getLogger("de_store")
 
 __all__ = ["load", "store"]
 
-_FORMAT = 1
+_FORMAT = 2
 
 
 def _kernel_dir() -> pathlib.Path | None:
@@ -86,13 +86,22 @@ def store(config: Config, name: str, concrete: Any) -> None:
     library.function.extend(concrete.graph.as_graph_def().library.function)
     library.function.append(concrete.function_def)
     main = _renamed(library, f"de_store_{key}")[concrete.function_def.signature.name]
+    count = len(concrete.function_def.signature.output_arg)
+    numbers = iter(range(count))
     try:
-        outputs = _numbered(concrete.structured_outputs, iter(range(1 << 30)))
-    except TypeError as err:
-        log.debug("kernel %s not cached: %s", name, err)
+        outputs = _numbered(concrete.structured_outputs, numbers)
+        if next(numbers, None) is not None:
+            raise TypeError("fewer tensors than the function's outputs")
+    except (TypeError, StopIteration) as err:
+        log.debug("kernel %s not cached: its outputs are not %d tensors: %s", name, count, err)
         return
     payload = library.SerializeToString(deterministic=True)
-    header = {"main": main, "outputs": outputs, "sha256": hashlib.sha256(payload).hexdigest()}
+    header = {
+        "main": main,
+        "count": count,
+        "outputs": outputs,
+        "sha256": hashlib.sha256(payload).hexdigest(),
+    }
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=root, prefix=f".{key}-", delete=False) as out:
@@ -117,8 +126,7 @@ def load(config: Config, name: str) -> Callable[..., Any] | None:
         if hashlib.sha256(payload).hexdigest() != header["sha256"]:
             raise ValueError("the functions do not match their checksum")
         library = function_pb2.FunctionDefLibrary.FromString(payload)
-        main, outputs = str(header["main"]), header["outputs"]
-        count = len(tf.nest.flatten(outputs))
+        main, count, outputs = str(header["main"]), int(header["count"]), header["outputs"]
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, DecodeError) as err:
@@ -157,13 +165,14 @@ def _renamed(library: function_pb2.FunctionDefLibrary, prefix: str) -> dict[str,
 
 
 def _numbered(structure: Any, counter: Any) -> Any:
-    """``structure`` (tensors in tuples) with each tensor replaced by its flat index."""
+    """``structure`` (tensors in tuples, or None for no outputs) with each tensor replaced
+    by its flat index."""
     if structure is None:
         return None
     if type(structure) in (tuple, list):
         return [_numbered(x, counter) for x in structure]
     if isinstance(structure, tf.Tensor):
-        return next(counter)
+        return next(counter)  # StopIteration: more tensors than the function's outputs
     raise TypeError(f"outputs of type {type(structure).__name__} are not cached")
 
 
