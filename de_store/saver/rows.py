@@ -26,7 +26,9 @@ from de_store.saver.variable_rows import (
     ChangeBase,
     DeviceShardRows,
     PendingShardRows,
+    RowsOf,
     ShardRows,
+    SnapshotRows,
     VariableRows,
     coalesce,
     even_batches,
@@ -211,15 +213,27 @@ def _pending(variable: SavedVariable, index: int) -> PendingShardRows | None:
             return None
         lookups[column] = lookup
     table = variable.shards[index].snapshot()
+    on_host = _IO_DEVICE.get() is None and _on_host(variable.devices[index])
 
-    def read() -> ShardRows:
-        keys, values = table.read()
-        columns = {VALUE_COLUMN: to_host(values)}
+    def read() -> SnapshotRows:
+        columns: dict[str, np.ndarray | RowsOf] = {}
+        if table.read_rows is not None and on_host:  # values gathered once, by the writer
+            keys, rows, store = table.read_rows()
+            columns[VALUE_COLUMN] = RowsOf(to_host(store), to_host(rows))
+        else:
+            keys, values = table.read()
+            columns[VALUE_COLUMN] = to_host(values)
         for column, lookup in lookups.items():
             columns[column] = to_host(lookup(keys))
-        return ShardRows(to_host(keys), columns)
+        return SnapshotRows(to_host(keys), columns)
 
     return PendingShardRows(table.rows, read)
+
+
+def _on_host(device: str) -> bool:
+    """Whether ``device`` is host memory: there ``np.asarray`` shares a tensor's buffer
+    (elsewhere it copies, and a table's whole row store is more than its live rows)."""
+    return tf.DeviceSpec.from_string(device).device_type in (None, "CPU")
 
 
 def _add_companions(

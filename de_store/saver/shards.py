@@ -8,7 +8,6 @@ as tombstone shards (:func:`write_tombstones`), so a restoring rank reads only i
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import uuid
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from de_store.formats import get_format
 from de_store.formats._shard import map_ahead
 from de_store.formats.base import ExtraColumn, SchemaInfo
 from de_store.formats.batches import batch_from_numpy
-from de_store.saver.buckets import choose_num_buckets, group_by_bucket
+from de_store.saver.buckets import BucketOrder, choose_num_buckets
 from de_store.saver.checks import read_checked
 from de_store.saver.device_shards import write_on_device, writes_on_device
 from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
@@ -31,6 +30,7 @@ from de_store.saver.variable_rows import (
     DeviceShardRows,
     PendingShardRows,
     ShardRows,
+    SnapshotRows,
     VariableRows,
 )
 
@@ -59,7 +59,11 @@ GATHER_ROWS = 1 << 15
 
 
 def _bucketed_batches(
-    shard: ShardRows, key_dtype: str, schema: pa.Schema, buffer_size: int, out: list[int]
+    shard: ShardRows | SnapshotRows,
+    key_dtype: str,
+    schema: pa.Schema,
+    buffer_size: int,
+    out: list[int],
 ) -> Iterator[pa.RecordBatch]:
     """Batches of one bucket each, at most ``buffer_size`` rows; ``out`` gets their buckets.
 
@@ -67,36 +71,24 @@ def _bucketed_batches(
     per column and chunk, the next chunk in a helper thread while this one is written),
     so the shard is never copied whole; each part is a zero-copy slice of its chunk.
     """
-    order, counts = group_by_bucket(shard.keys, key_dtype)
-    ends = np.cumsum(counts)
-    chunks = _chunks(ends, GATHER_ROWS)
+    order = BucketOrder(shard.keys, key_dtype)
+    chunks = order.chunks(GATHER_ROWS)
 
     def gather(chunk: tuple[int, int]) -> pa.RecordBatch:
-        start, end = int(ends[chunk[0]] - counts[chunk[0]]), int(ends[chunk[1] - 1])
-        index = order[start:end]
-        # np.take gathers rows about twice as fast as fancy indexing
-        columns = {n: np.take(c, index, axis=0) for n, c in shard.columns.items()}
+        index = order.rows(*chunk)
+        columns = {name: shard.take(name, index) for name in shard.columns}
         values = columns.pop(VALUE_COLUMN)
         return batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
 
     # The next chunk is gathered (numpy's take releases the GIL) while this one is written.
     gathered = map_ahead(gather, chunks, depth=1, name="gather")
     for (first, last), batch in zip(chunks, gathered, strict=True):
-        base = int(ends[first] - counts[first])
+        base = order.start(first)
         for bucket in range(first, last):
-            bucket_end = int(ends[bucket]) - base
-            for start in range(bucket_end - int(counts[bucket]), bucket_end, buffer_size):
+            start, end = order.start(bucket) - base, int(order.ends[bucket]) - base
+            for at in range(start, end, buffer_size):
                 out.append(bucket)
-                yield batch.slice(start, min(buffer_size, bucket_end - start))
-
-
-def _chunks(ends: np.ndarray, rows: int) -> list[tuple[int, int]]:
-    """``[first, last)`` bucket ranges of about ``rows`` rows each (whole buckets), that
-    cover every row; ``ends`` is the cumulative row count of the buckets."""
-    starts = ends - np.diff(ends, prepend=0)
-    crossing = np.searchsorted(ends, np.arange(rows, int(ends[-1]), rows))
-    edges = np.unique(np.concatenate([[0], crossing + 1, [len(ends)]]))
-    return [(int(a), int(b)) for a, b in itertools.pairwise(edges) if ends[b - 1] > starts[a]]
+                yield batch.slice(at, min(buffer_size, end - at))
 
 
 def _string_keys(keys: np.ndarray) -> np.ndarray:
@@ -120,9 +112,8 @@ def write_shard(
 
     ``kind`` prefixes the file name ("removed-" for tombstones).
     """
-    shard = rows.shards[shard_index]
-    if isinstance(shard, PendingShardRows):
-        shard = shard.read()
+    held = rows.shards[shard_index]
+    shard = held.read() if isinstance(held, PendingShardRows) else held
     info = schema_info(rows, global_shard)
     # a per-save unique suffix: a rewrite never overwrites a committed generation's files
     stem = f"{_variable_dir(rows.name)}/{kind}r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}"

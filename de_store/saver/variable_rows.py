@@ -67,6 +67,43 @@ class ShardRows:
     def rows(self) -> int:
         return len(self.keys)
 
+    def take(self, name: str, index: np.ndarray) -> np.ndarray:
+        """Rows ``index`` of column ``name``, gathered into a new array."""
+        return np.take(self.columns[name], index, axis=0)  # ~2x faster than fancy indexing
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsOf:
+    """A column given as rows of a larger array: row ``i`` is ``store[rows[i]]``.
+
+    A table's snapshot gives its values so (its row store, and the row of each key): a
+    writer that groups the rows by bucket gathers each value once, from the store, instead
+    of into key order first and into bucket order again.
+    """
+
+    store: np.ndarray
+    rows: np.ndarray
+
+
+@dataclasses.dataclass
+class SnapshotRows:
+    """The rows of one table shard as a snapshot reads them, for a writer: ``keys [n]``
+    and per column its rows in key order or :class:`RowsOf` the table's row store."""
+
+    keys: np.ndarray
+    columns: dict[str, np.ndarray | RowsOf]
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys)
+
+    def take(self, name: str, index: np.ndarray) -> np.ndarray:
+        """Rows ``index`` of column ``name``, gathered into a new array."""
+        column = self.columns[name]
+        if isinstance(column, RowsOf):
+            return np.take(column.store, np.take(column.rows, index), axis=0)
+        return np.take(column, index, axis=0)
+
 
 @dataclasses.dataclass(frozen=True)
 class PendingShardRows:
@@ -75,7 +112,7 @@ class PendingShardRows:
     the rows in the background."""
 
     rows: int
-    read: Callable[[], ShardRows]
+    read: Callable[[], ShardRows | SnapshotRows]
 
 
 @dataclasses.dataclass

@@ -283,11 +283,15 @@ class HashTable(TableCore):
         """
         index, values, count = self._run("snapshot")
 
-        def read() -> tuple[tf.Tensor, tf.Tensor]:
+        def read_rows() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             with tf.device(self._device):
                 live = tf.gather(index, tf.where(index[:, 1] >= 0)[:, 0])
-                rows = tf.gather(values, live[:, 1])
-                return self._exported(live[:, 0]), self._exported_values(rows)
+                return self._exported(live[:, 0]), live[:, 1], values
+
+        def read() -> tuple[tf.Tensor, tf.Tensor]:
+            keys, rows, store = read_rows()
+            with tf.device(self._device):
+                return keys, self._exported_values(tf.gather(store, rows))
 
         def lookup(keys: tf.Tensor) -> tf.Tensor:
             with tf.device(self._device):
@@ -296,7 +300,8 @@ class HashTable(TableCore):
                 found = tf.where((rows >= 0)[:, None], found, tf.zeros_like(found))
                 return self._exported_values(found)
 
-        return TableSnapshot(int(count), read, lookup)
+        stored_as_given = values.dtype == self.value_dtype
+        return TableSnapshot(int(count), read, lookup, read_rows if stored_as_given else None)
 
     def _exported(self, keys: tf.Tensor) -> tf.Tensor:
         return tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys

@@ -7,6 +7,8 @@ split or reorder a bucket. The record's shard info is exactly what the format re
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -14,9 +16,17 @@ import pytest
 from de_store.backends import open_backend
 from de_store.formats import ExtraColumn, SchemaInfo, batch_from_numpy, get_format
 from de_store.saver import shards
-from de_store.saver.buckets import choose_num_buckets
+from de_store.saver.buckets import BucketOrder, choose_num_buckets, key_hash_mod
 from de_store.saver.manifest import ColumnSpec
-from de_store.saver.variable_rows import VALUE_COLUMN, ShardRows, VariableRows, even_batches
+from de_store.saver.variable_rows import (
+    VALUE_COLUMN,
+    PendingShardRows,
+    RowsOf,
+    ShardRows,
+    SnapshotRows,
+    VariableRows,
+    even_batches,
+)
 
 ROWS = 30_000  # 12 buckets of about 2,500 rows
 
@@ -57,6 +67,42 @@ def test_parts_hold_one_bucket_each_across_gather_chunks(
     for name in (VALUE_COLUMN, "adam_m"):
         found = np.stack(table.column(name).to_numpy(zero_copy_only=False))
         np.testing.assert_array_equal(found, source.columns[name][order])
+
+
+def test_values_given_as_rows_of_a_store_are_written_as_gathered(tmp_path) -> None:
+    """A snapshot gives its values as the table's row store and each key's row (rows not
+    in key order, free rows in between): the file holds exactly each key's row."""
+    rows = variable_rows(ROWS)
+    shard = rows.shards[0]
+    assert isinstance(shard, ShardRows)
+    rng = np.random.default_rng(3)
+    where = rng.permutation(2 * ROWS)[:ROWS]  # each key's row in a store twice as long
+    store = rng.standard_normal((2 * ROWS, 4), dtype=np.float32)
+    store[where] = shard.columns[VALUE_COLUMN]
+    held = SnapshotRows(
+        shard.keys, {VALUE_COLUMN: RowsOf(store, where), "adam_m": shard.columns["adam_m"]}
+    )
+    snapshot = dataclasses.replace(rows, shards=[PendingShardRows(ROWS, lambda: held)])
+    record = shards.write_shard(open_backend(str(tmp_path)), snapshot, 0, rank=0, global_shard=0,
+                                format_name="parquet", buffer_size=1000)  # fmt: skip
+    table = pq.read_table(tmp_path / record.info["path"]).sort_by("key")
+    order = np.argsort(shard.keys)
+    np.testing.assert_array_equal(table.column("key").to_numpy(), shard.keys[order])
+    for name in (VALUE_COLUMN, "adam_m"):
+        found = np.stack(table.column(name).to_numpy(zero_copy_only=False))
+        np.testing.assert_array_equal(found, shard.columns[name][order])
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 30_000, 200_000])
+@pytest.mark.parametrize("chunk_rows", [1, 3_000, 1 << 20])
+def test_bucket_order_is_a_stable_sort_by_bucket(count: int, chunk_rows: int) -> None:
+    keys = np.random.default_rng(count).integers(-(2**40), 2**40, count)
+    order = BucketOrder(keys, "int64")
+    buckets = key_hash_mod(keys, order.num_buckets, "int64")
+    chunks = order.chunks(chunk_rows)
+    assert [a for a, _ in chunks[1:]] == [b for _, b in chunks[:-1]]  # contiguous ranges
+    got = np.concatenate([order.rows(*c) for c in chunks] or [np.zeros(0, np.int64)])
+    np.testing.assert_array_equal(got, np.argsort(buckets, kind="stable"))
 
 
 def test_empty_shard_has_no_parts(tmp_path) -> None:
