@@ -302,6 +302,21 @@ def test_clear_returns_index_and_row_store_to_their_initial_sizes():
     assert content(table) == {0: (7.0, 7.0), 1: (7.0, 7.0), 2: (7.0, 7.0)}
 
 
+def test_clear_keeps_the_room_of_a_table_grown_for_rows_to_come():
+    """A restore grows an empty table while it reads the shards, then clears it: the
+    room stays, and the table still holds nothing."""
+    table = HashTable(tf.int64, tf.float32, 2, name="reserved")
+    table.reserve(50_000)
+    grown = (table.capacity(), table.memory_bytes())
+    table.clear()
+    assert (table.capacity(), table.memory_bytes(), int(table.size())) == (*grown, 0)
+    keys = np.arange(50_000, dtype=np.int64)
+    table.load_distinct(keys, np.ones([50_000, 2], np.float32))
+    assert (table.capacity(), table.memory_bytes()) == grown  # no growth
+    _, exists = table.lookup(keys)
+    assert exists.numpy().all()
+
+
 @pytest.mark.parametrize("fixed_shapes", [False, True])
 def test_a_hash_table_snapshot_looks_keys_up(fixed_shapes: bool) -> None:
     """Async saves read a variable's optimizer slots by looking its keys up in the slot
@@ -330,3 +345,19 @@ def test_an_insert_that_grows_the_index_leaves_room_for_three_more_like_it() -> 
     loaded.reserve(1000)
     loaded.load_distinct(batches[0], tf.ones([1000, 2]))
     assert loaded.capacity() == 2048
+
+
+def test_compile_load_writes_nothing():
+    """A restore has XLA compile its load batches' first race on the real index while it
+    reads: no key takes part, so the table is as it was."""
+    table = HashTable(tf.int64, tf.float32, 2, name="compiled")
+    keys = np.arange(40_000, dtype=np.int64) * 3
+    table.load_distinct(keys[:20_000], np.ones([20_000, 2], np.float32))
+    before = content(table)
+    table.compile_load(20_000)
+    assert content(table) == before
+    table.load_distinct(keys[20_000:], np.full([20_000, 2], 2.0, np.float32))
+    assert int(table.size()) == 40_000
+    values, exists = table.lookup(keys)
+    assert exists.numpy().all()
+    assert values.numpy()[:, 0].tolist() == [1.0] * 20_000 + [2.0] * 20_000

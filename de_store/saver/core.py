@@ -62,6 +62,7 @@ from de_store.saver.rows import (
     apply_delta,
     apply_rows,
     check_compatible,
+    grow_for_restore,
 )
 from de_store.saver.topology import Topology
 
@@ -525,11 +526,17 @@ def restore_checkpoint(
             check_compatible(variable, entry, f"{backend.url.rstrip('/')}/{link}")
             raise_first(link_problems(backend, link, link_manifest.proc_size, [entry]), where)
     total = sum(entry.rows + entry.removed_rows for chain in chains for *_, entry in chain)
-    with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
-        loaded = [
-            [_read_link(backend.sub(at), entry, topology, options, bar) for at, _, entry in chain]
-            for chain in chains
-        ]
+    # Empty variables grow for their rows while the shards are read (rows.grow_for_restore)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="de_store-grow") as pool:
+        growing = [pool.submit(grow_for_restore, v, _rows_to_read(c, topology))
+                   for v, c in zip(variables, chains, strict=True)]  # fmt: skip
+        with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
+            loaded = [
+                [_read_link(backend.sub(at), e, topology, options, bar) for at, _, e in chain]
+                for chain in chains
+            ]
+        for grown in growing:
+            grown.result()
     for variable, chain, links in zip(variables, chains, loaded, strict=True):
         entries = [entry for *_, entry in chain]
         folders = [f"{backend.url.rstrip('/')}/{link}" for link, *_ in chain]
@@ -539,6 +546,14 @@ def restore_checkpoint(
     size = sum(entry.bytes for chain in chains for *_, entry in chain)
     events.restored(where, topology, rows, max(map(len, chains), default=0), size, start)
     return manifest
+
+
+def _rows_to_read(chain: list[Link], topology: Topology) -> int:
+    return sum(
+        shards.rows_for_rank(record, topology.proc_rank, topology.proc_size)
+        for *_, entry in chain
+        for record in entry.shards
+    )
 
 
 def _chain_of(

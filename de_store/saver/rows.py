@@ -78,6 +78,7 @@ class SavedVariable(Protocol):
     def all_tables(self) -> list[TableCore]: ...
     def next_change_epoch(self) -> int: ...
     def clear(self) -> None: ...
+    def size(self) -> tf.Tensor: ...
     def remove(self, keys: tf.Tensor) -> None: ...
     def upsert(self, keys: tf.Tensor, values: tf.Tensor) -> None: ...
     def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> None: ...
@@ -372,6 +373,32 @@ def upsert_rows(targets: dict[str, SavedVariable], batches: Iterable[ShardRows])
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
             target.upsert(keys, to_tensor(batch.columns[column]))
+
+
+def grow_for_restore(variable: SavedVariable, rows: int) -> None:
+    """Make an empty variable ready for ``rows`` restored rows: grow its tables (its
+    values and the companions it has) and run their bulk load once on no rows (the first
+    call of a kernel in a process instantiates it), and have XLA compile, or load from its
+    cache, what loading batches of that size compiles.
+
+    A restore runs this in a helper thread while it reads the shards, so that loading
+    finds the room made (new memory is slow to touch) and the kernels ready; ``clear``
+    keeps the room of a table that holds nothing. A variable that holds keys is left as
+    it is: the restore empties it only after every shard was read (all or nothing).
+    """
+    tables = [variable, *variable.companions().values()]
+    if any(int(table.size()) for table in tables):
+        return
+    batches = max(-(-rows // LOAD_ROWS), 1)  # as apply_rows splits the rows
+    per_shard = -(-rows // (batches * len(variable.shards)))
+    for table in tables:
+        reserve_shards(table, rows)
+        keys = tf.zeros([0], table.key_dtype)
+        table.load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype))
+        for shard, device in zip(table.shards, table.devices, strict=True):
+            if hasattr(shard, "compile_load"):
+                with tf.device(device):
+                    shard.compile_load(per_shard)
 
 
 def reserve_shards(variable: SavedVariable, rows: int) -> None:

@@ -223,6 +223,13 @@ def parts_for_rank(record: ShardRecord, proc_rank: int, proc_size: int) -> list[
     return [i for i, b in enumerate(record.part_buckets) if b % step == wanted]
 
 
+def rows_for_rank(record: ShardRecord, proc_rank: int, proc_size: int) -> int:
+    """Rows of the parts of ``record`` that rank ``proc_rank`` reads (its keys and, where
+    buckets are shared between ranks, others')."""
+    parts = record.info["parts"]
+    return sum(int(parts[i]["rows"]) for i in parts_for_rank(record, proc_rank, proc_size))
+
+
 def read_shard_rows(
     folder: Backend,
     record: ShardRecord,

@@ -36,6 +36,7 @@ class Kernels:
         self._eager_calls: dict[str, Any] = {}
         names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
         names += ["clear", "prepare", "export_all", "export_changes", "forget_removed", "size"]
+        names.append("compile_load")
         names.append("snapshot")
         if config.fixed_shapes:
             names.append("place_entries")
@@ -115,6 +116,7 @@ class Kernels:
             "snapshot": [],
             "size": [],
             "prepare": [count],
+            "compile_load": [count],
             "export_changes": [count],
             "forget_removed": [count],
             "place_entries": [tf.TensorSpec([None, 2], tf.int64)],

@@ -25,6 +25,7 @@ from de_store.tables._index import (
     home_slots,
     next_slots,
     padded,
+    size_class,
 )
 from de_store.tables._race import KEPT_TOKENS_DIV, RaceOps, probe_rounds
 from de_store.tables._tracking import (
@@ -462,6 +463,15 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         tf.cond(tf.reduce_all(last), write_all, write_last)
         self.stamp(rows)
 
+    def compile_load(self, count: tf.Tensor) -> None:
+        """Run the compiled first race of a bulk load of ``count`` keys with none taking
+        part: XLA compiles it (or loads it from TensorFlow's cache) for the index as it is
+        and ``count``'s size class, and nothing is written (every write of a key that takes
+        no part goes out of bounds, which XLA's scatter skips)."""
+        padding = tf.zeros(tf.reshape(size_class(count), [1]), tf.int64)
+        race = first_race[self.t.serial_scatter]
+        race(self.t.index.handle, padding, padding, tf.constant(0, tf.int64))
+
     def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
         """Insert keys absent from the table and distinct among themselves (a bulk load,
         e.g. a restore), placed directly like a rehash: no claim tokens, no search for
@@ -514,20 +524,20 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
             self.log_removed(keys)
 
     def clear(self) -> None:
-        """Empty the table: the index and the row store go back to their initial sizes.
+        """Empty the table: an index that holds keys or tombstones, and a row store that
+        handed rows out, go back to their initial sizes.
 
-        A buffer already at its initial size is kept, not allocated anew (new memory is
-        slow to touch, and a restore clears a fresh table first): rows are written when
-        they are handed out, and an index without keys or tombstones is all empty.
+        A buffer that holds nothing is kept, not allocated anew (new memory is slow to
+        touch): an index without keys or tombstones is all empty, and rows are written
+        when they are handed out. So a table grown for rows to come (``reserve``, as a
+        restore does while it reads) keeps that room.
         """
         t = self.t
         if t.fixed_shapes:
             self._clear_in_place()
             return
         capacity = tf.constant(t.init_capacity, tf.int64)
-        used = tf.logical_or(
-            t.num_keys + t.num_deleted > 0, tf.not_equal(variable_length(t.index), capacity)
-        )
+        used = t.num_keys + t.num_deleted > 0
 
         def empty() -> tf.Tensor:
             replace(t.index, empty_index(capacity))
@@ -544,7 +554,8 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
                 replace(t.stamps, tf.cast(zeros, STAMP_DTYPE))
             return tf.constant(True)
 
-        tf.cond(tf.not_equal(variable_length(t.values), rows), shrink, lambda: tf.constant(False))
+        handed_out = tf.logical_and(t.next_row > 0, tf.not_equal(variable_length(t.values), rows))
+        tf.cond(handed_out, shrink, lambda: tf.constant(False))
         t.free_rows.assign(tf.zeros([16], tf.int64))
         for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row, t.num_removed):
             counter.assign(0)

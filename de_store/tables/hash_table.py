@@ -267,8 +267,16 @@ class HashTable(TableCore):
             else:
                 self._run("prepare", tf.constant(count, tf.int64))
 
+    def compile_load(self, count: int) -> None:
+        """Have XLA compile (or load from its cache) what a bulk load of ``count`` keys
+        runs compiled at the table's capacity now, writing nothing: a restore does it for
+        its load batches while it reads the shards (eager only)."""
+        if count >= _index.COMPILED_MIN_KEYS:
+            self._run("compile_load", tf.constant(count, tf.int64))
+
     def clear(self) -> Any:
-        """Remove every key; the index and the row store return to their initial sizes."""
+        """Remove every key; an index or row store that held some returns to its initial
+        size (the room of a table grown for rows to come stays)."""
         return self._run("clear")
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
