@@ -16,15 +16,20 @@ the page cache was dropped:
   ``tf.fill`` allocating and first touching as many bytes as the restored table holds:
   with ``raw_read_s``, the floor this machine sets a fresh-process restore.
 
-``de_store_fill_xla_cache_s`` (and ``de_store_first_upsert_xla_cache_s``): de_store's fill
-with TensorFlow's persistent XLA cache (``TF_XLA_FLAGS=--tf_xla_persistent_cache_directory``)
-warm, i.e. in a fresh process after one earlier process compiled the same kernels into it.
+de_store keeps its traced kernels and XLA executables in a cache directory (see
+``de_store._cache``); here it is one the run starts empty. The first round's de_store
+processes find it empty: ``de_store_{fill,first_upsert,save,restore}_cold_cache_s`` are
+those processes' figures (every trace and XLA compile paid, as by the first process on a
+machine after an install or upgrade). The later rounds find what the earlier processes
+left, as every later process on a machine does.
 
 ``{side}_{step}_cpu_s`` is the CPU time of the step's process (every thread), which other
 load on a shared machine changes less than the wall-clock time. The sides run in turn for
-``--rounds`` rounds; each timing is the best of its rounds.
+``--rounds`` rounds; each timing is the best of its rounds after the first (the first is
+TFRA's warm-up too: its first process loads TensorFlow's and TFRA's libraries cold).
 
-References on the same bytes (``N * 8`` key bytes + ``N * dim * 4`` value bytes):
+References on the same bytes (``N * 8`` key bytes + ``N * dim * 4`` value bytes), measured
+in every round before the sides and reported as the best of the rounds as they are:
 ``raw_write_fsync_s`` (``numpy.tofile`` + fsync) and ``raw_read_s`` (``numpy.fromfile``,
 cold). ``cold_reads`` says how the page cache was emptied: ``drop_caches`` (the whole cache,
 as root) or ``posix_fadvise`` (each file evicted).
@@ -132,9 +137,10 @@ def _table_bytes(variable: Any) -> int:
 # --- driver ---------------------------------------------------------------------------------
 def run_side(args: argparse.Namespace, side: str) -> dict[str, Any]:
     """Fill and save in one fresh process of the side's interpreter, restore in another."""
-    python, env = (
-        (args.tfra_python, {"TF_USE_LEGACY_KERAS": "1"}) if side == "tfra" else (sys.executable, {})
-    )
+    if side == "tfra":
+        python, env = args.tfra_python, {"TF_USE_LEGACY_KERAS": "1"}
+    else:
+        python, env = sys.executable, {"DE_STORE_CACHE_DIR": os.path.join(args.dir, "cache")}
     options = ["--side", side, "--keys", str(args.keys), "--dim", str(args.dim)]
     options += ["--dir", args.dir]
     shutil.rmtree(os.path.join(args.dir, side), ignore_errors=True)
@@ -149,34 +155,34 @@ def run_side(args: argparse.Namespace, side: str) -> dict[str, Any]:
     return out
 
 
-def fill_with_xla_cache(args: argparse.Namespace) -> dict[str, float]:
-    """de_store's fill in a fresh process whose XLA kernels an earlier process compiled
-    into TensorFlow's persistent cache (a warm-up run fills the cache first)."""
-    flags = f"--tf_xla_persistent_cache_directory={os.path.join(args.dir, 'xla_cache')}"
-    env = {"TF_XLA_FLAGS": flags}
-    options = ["--side", "de_store", "--keys", str(args.keys), "--dim", str(args.dim)]
-    options += ["--dir", args.dir]
-    runs = []
-    for _ in range(2):
-        shutil.rmtree(os.path.join(args.dir, "de_store"), ignore_errors=True)
-        runs.append(harness.run_phase(__file__, "fill_save", options, sys.executable, env))
-    warm = runs[-1]
-    return {
-        "de_store_fill_xla_cache_s": warm["fill_s"],
-        "de_store_first_upsert_xla_cache_s": warm["first_upsert_s"],
-    }
+def raw_references(args: argparse.Namespace) -> dict[str, Any]:
+    """``raw_write_fsync_s`` and ``raw_read_s`` of the same bytes, measured in every round
+    beside the sides (the disk of a shared machine changes speed from minute to minute)."""
+    raw = os.path.join(args.dir, "raw")
+    out: dict[str, Any] = {"raw_write_fsync_s": harness.raw_write(raw, args.keys, args.dim)}
+    out.update(harness.raw_read(raw, args.dim))
+    for suffix in (".keys", ".values"):
+        os.remove(raw + suffix)
+    return out
 
 
 def best_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each timing (``*_s``) as the best of the rounds, as ``timeit`` reports the best of its
-    repeats; the other figures of the last round, ``*_verified`` only if every round was."""
+    """Each timing (``*_s``) as the best of the rounds after the first, as ``timeit``
+    reports the best of its repeats; the other figures of the last round, ``*_verified``
+    only if every round was."""
     out = dict(rounds[-1])
     for key in out:
         if key.endswith("_s"):
-            out[key] = min(r[key] for r in rounds)
+            out[key] = min(r[key] for r in rounds[1:] or rounds)
         elif key.endswith("_verified"):
             out[key] = all(r[key] for r in rounds)
     return out
+
+
+def cold_cache(first_round: dict[str, Any]) -> dict[str, float]:
+    """de_store's figures of the first round, whose processes found the cache empty."""
+    steps = ("fill", "first_upsert", "save", "restore")
+    return {f"de_store_{s}_cold_cache_s": first_round[f"de_store_{s}_s"] for s in steps}
 
 
 def folder_bytes(root: str) -> int:
@@ -194,7 +200,9 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
         f"{step}_tfra_over_de_store": r[f"tfra_{step}_s"] / r[f"de_store_{step}_s"]
         for step in ("fill", "save", "restore")
     }
-    out["fill_tfra_over_de_store_xla_cache"] = r["tfra_fill_s"] / r["de_store_fill_xla_cache_s"]
+    for step in ("fill", "restore"):
+        cold = r[f"de_store_{step}_cold_cache_s"]
+        out[f"{step}_tfra_over_de_store_cold_cache"] = r[f"tfra_{step}_s"] / cold
     out["de_store_save_over_raw_write"] = r["de_store_save_s"] / r["raw_write_fsync_s"]
     out["de_store_restore_over_raw_read"] = r["de_store_restore_s"] / r["raw_read_s"]
     out["de_store_restore_over_raw_read_and_memory"] = r["de_store_restore_s"] / (
@@ -211,8 +219,10 @@ def print_figures(r: dict[str, Any]) -> None:
     for step in ("fill", "save", "restore"):
         tfra, ours = r[f"tfra_{step}_s"], r[f"de_store_{step}_s"]
         print(f"{step:<10}{tfra:>10.2f}{ours:>10.2f}{tfra / ours:>17.2f}x")
-    warm = r["de_store_fill_xla_cache_s"]
-    print(f"{'fill, XLA cache warm':<22}{r['tfra_fill_s']:>10.2f}{warm:>10.2f}")
+    for step in ("fill", "restore"):
+        tfra, cold = r[f"tfra_{step}_s"], r[f"de_store_{step}_cold_cache_s"]
+        label = f"{step}, cache empty"
+        print(f"{label:<20}{tfra:>10.2f}{cold:>10.2f}{tfra / cold:>7.2f}x")
     print(f"raw write + fsync {r['raw_write_fsync_s']:.2f}, raw cold read {r['raw_read_s']:.2f}")
 
 
@@ -221,7 +231,7 @@ def main() -> None:
     parser.add_argument("--tfra-python", help="python of a venv with TFRA 0.8.1 and TF 2.16.2")
     parser.add_argument("--keys", type=int, default=5_000_000)
     parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds, the sides in turn")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, the sides in turn")
     parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
@@ -234,18 +244,14 @@ def main() -> None:
     args.dir = tempfile.mkdtemp(prefix="de_store_tfra_bench_", dir="/tmp")
     try:
         result: dict[str, Any] = {"keys": args.keys, "dim": args.dim}
-        rounds: dict[str, list[dict[str, Any]]] = {}
-        raw = os.path.join(args.dir, "raw")
-        result["raw_write_fsync_s"] = harness.raw_write(raw, args.keys, args.dim)
-        result.update(harness.raw_read(raw, args.dim))
-        for side in SIDES:
-            rounds[side] = []
+        rounds: dict[str, list[dict[str, Any]]] = {"raw": [], **{side: [] for side in SIDES}}
         for _ in range(args.rounds):
+            rounds["raw"].append(raw_references(args))
             for side in SIDES:
                 rounds[side].append(run_side(args, side))
-        for side in SIDES:
-            result.update(best_of(rounds[side]))
-        result.update(fill_with_xla_cache(args))
+        for figures in rounds.values():
+            result.update(best_of(figures))
+        result.update(cold_cache(rounds["de_store"][0]))
         result["rounds"] = args.rounds
         result["ratios"] = ratios(result)
     finally:
