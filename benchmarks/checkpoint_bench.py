@@ -12,7 +12,9 @@ Measures, through the user path (``de_store.get_variable`` with a ``FileSystemSa
   the same upsert before any save; ``async_stall_*`` in ``ratios`` adds the block and
   what the next write paid more;
 * ``restore_s``: ``Checkpoint.read`` in a fresh process, files evicted from the page cache
-  first (``import tensorflow`` is timed apart, as ``restore_import_tf_s``);
+  first (``import tensorflow`` is timed apart, as ``restore_import_tf_s``), after an
+  earlier restore process left its traced kernels and XLA executables in de_store's cache
+  directory (one the run starts empty); ``restore_cold_cache_s``: that earlier restore;
   ``memory_floor_s``: in that process, after the restore, ``tf.fill`` allocating and first
   touching as many bytes as the restored table holds (the floor memory sets a restore on
   this machine, next to the cold read of the same rows);
@@ -226,7 +228,8 @@ def run_phase(args: argparse.Namespace, phase: str, **changes: Any) -> dict[str,
     options += ["--shards", str(values["shards"]), "--save-shards", str(args.shards)]
     options += ["--format", values["format"], "--dir", values["dir"]]
     options += ["--formats", *values["formats"]] if values["formats"] else []
-    return harness.run_phase(__file__, phase, options)
+    cache = {"DE_STORE_CACHE_DIR": os.path.join(args.dir, "cache")}
+    return harness.run_phase(__file__, phase, options, env=cache)
 
 
 def ratios(r: dict[str, Any]) -> dict[str, float]:
@@ -274,7 +277,11 @@ def main() -> None:
         result: dict[str, Any] = {"keys": args.keys, "dim": args.dim, "format": args.format}
         result.update(run_phase(args, "save"))
         print(f"save phase: {json.dumps(result)}", flush=True)
-        result.update(run_phase(args, "raw_read"))
+        reads = [run_phase(args, "raw_read")]
+        cold = run_phase(args, "restore", formats=[])  # traces the restore's kernels
+        result["restore_cold_cache_s"] = cold["restore_s"]
+        reads.append(run_phase(args, "raw_read"))  # beside each restore: the best of two
+        result.update(min(reads, key=lambda r: r["raw_read_s"]))
         restore = run_phase(args, "restore")
         result["restore_import_tf_s"] = restore.pop("import_tf_s")
         result.update(restore)
