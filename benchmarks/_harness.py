@@ -96,6 +96,26 @@ def raw_write(path: str, keys: int, dim: int) -> float:
     return seconds
 
 
+def bucket_reorder(keys: int, dim: int) -> float:
+    """Seconds numpy takes to put the rows in key-bucket order, as a checkpoint shard holds
+    them: each key's bucket (``key mod num_buckets``, de_store's bucket count for that many
+    rows), a stable radix sort of the buckets, and one ``take`` of the keys and one of the
+    values (making the rows is not timed). With ``raw_write``, the floor of a save that
+    writes its rows grouped by bucket."""
+    from de_store.saver.buckets import choose_num_buckets  # numpy only
+
+    batches = list(rows(keys, dim))
+    all_keys = np.concatenate([k for k, _ in batches])
+    all_values = np.concatenate([v for _, v in batches])
+    del batches
+    start = time.perf_counter()
+    buckets = np.mod(all_keys, choose_num_buckets(keys)).astype(np.int16)
+    order = np.argsort(buckets, kind="stable")
+    np.take(all_keys, order)
+    np.take(all_values, order, axis=0)
+    return time.perf_counter() - start
+
+
 def raw_read(path: str, dim: int) -> dict[str, Any]:
     """Read ``path.keys`` and ``path.values`` cold with ``numpy.fromfile``: ``raw_read_s``,
     the rows read and how the page cache was emptied (``raw_read_cold``)."""
