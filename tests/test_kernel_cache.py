@@ -112,3 +112,29 @@ def test_off_writes_nothing(tmp_path, setting):
     assert _kernel_lines(log, "written") == []
     assert _kernel_lines(log, "loaded") == []
     assert list(tmp_path.iterdir()) == [tmp_path / "script.py"]
+
+
+def test_kernels_give_a_function_they_both_call_one_name(tmp_path, monkeypatch):
+    """A restore compiles the bulk load's first race ahead with ``compile_load``: XLA
+    compiles a function per name, so both kernels must call it by the same name."""
+    import tensorflow as tf
+    from tensorflow.core.framework import function_pb2
+
+    from de_store.tables import _kernel_cache
+    from de_store.tables._kernels import Kernels
+    from de_store.tables._types import Config
+
+    monkeypatch.setenv("DE_STORE_CACHE_DIR", str(tmp_path))
+    config = Config(
+        dim=5, dtype=tf.float32, max_load_factor=0.75, row_growth=1.25, init_capacity=16
+    )
+    kernels = Kernels(config)
+    names = {}
+    for kernel in ("load_distinct", "compile_load", "lookup"):
+        _kernel_cache.store(config, kernel, getattr(kernels, kernel).get_concrete_function())
+        entry = tmp_path / "kernels" / f"{_kernel_cache._entry_key(config, kernel)}.kernel"
+        library = function_pb2.FunctionDefLibrary.FromString(entry.read_bytes().split(b"\n", 1)[1])
+        names[kernel] = {f.signature.name for f in library.function}
+    shared = names["load_distinct"] & names["compile_load"]
+    assert len(shared) == 1  # the compiled first race, called by both
+    assert not shared & names["lookup"]  # lookups compile another function

@@ -9,8 +9,9 @@ by name, eagerly, as TensorFlow calls any traced function. Calls made while trac
 caller's ``tf.function`` are not served from here: they need the traced function.
 
 An entry's name is a digest of everything its graph depends on: TensorFlow's version, the
-source of :mod:`de_store.tables` and the config. Its functions are renamed after that
-digest, so they cannot collide with the functions a process traces itself. An entry that
+source of :mod:`de_store.tables` and the config. Its functions are renamed after their
+own content (``de_store_<digest>``), so they cannot collide with the functions a process
+traces itself, and a function several kernels call has one name in all of them. An entry that
 cannot be read or does not match its checksum is ignored (the kernel is traced, and the
 entry written anew). Entries are written to a temporary file and renamed, so a reader
 never sees half of one.
@@ -47,7 +48,7 @@ log = logging.getLogger("de_store")
 
 __all__ = ["load", "store"]
 
-_FORMAT = 2
+_FORMAT = 3
 
 
 def _kernel_dir() -> pathlib.Path | None:
@@ -85,7 +86,7 @@ def store(config: Config, name: str, concrete: Any) -> None:
     library = function_pb2.FunctionDefLibrary()
     library.function.extend(concrete.graph.as_graph_def().library.function)
     library.function.append(concrete.function_def)
-    main = _renamed(library, f"de_store_{key}")[concrete.function_def.signature.name]
+    main = _renamed(library)[concrete.function_def.signature.name]
     count = len(concrete.function_def.signature.output_arg)
     numbers = iter(range(count))
     try:
@@ -146,22 +147,55 @@ def load(config: Config, name: str) -> Callable[..., Any] | None:
     return call
 
 
-def _renamed(library: function_pb2.FunctionDefLibrary, prefix: str) -> dict[str, str]:
-    """Rename every function of ``library`` to ``{prefix}_{i}`` and every reference to it
-    (call ops, ``func`` attributes of calls, conditionals and loops); return the names."""
-    names = {f.signature.name: f"{prefix}_{i}" for i, f in enumerate(library.function)}
-    for fdef in library.function:
-        fdef.signature.name = names[fdef.signature.name]
-        for node in fdef.node_def:
-            if node.op in names:
-                node.op = names[node.op]
-            for attr in node.attr.values():
-                if attr.HasField("func") and attr.func.name in names:
-                    attr.func.name = names[attr.func.name]
-                for func in attr.list.func:
-                    if func.name in names:
-                        func.name = names[func.name]
+def _renamed(library: function_pb2.FunctionDefLibrary) -> dict[str, str]:
+    """Rename every function of ``library`` after its content, and every reference to it
+    (call ops, ``func`` attributes of calls, conditionals and loops); return the names.
+
+    A function's name is a digest of its definition with its callees renamed first, so a
+    function that several kernels call (a compiled probe round) has one name in all of
+    their entries, in every process: XLA compiles it once for all of them, and TensorFlow's
+    XLA cache (keyed by the function's name) serves every process.
+    """
+    by_name = {f.signature.name: f for f in library.function}
+    names: dict[str, str] = {}
+
+    def rename(name: str) -> str:
+        if name not in names:
+            fdef = by_name[name]
+            for callee in _callees(fdef) & by_name.keys():
+                rename(callee)
+            _rename_references(fdef, names)
+            fdef.signature.name = ""
+            digest = hashlib.sha256(fdef.SerializeToString(deterministic=True)).hexdigest()
+            names[name] = fdef.signature.name = f"de_store_{digest[:24]}"
+        return names[name]
+
+    for name in list(by_name):
+        rename(name)
     return names
+
+
+def _callees(fdef: function_pb2.FunctionDef) -> set[str]:
+    found = set()
+    for node in fdef.node_def:
+        found.add(node.op)
+        for attr in node.attr.values():
+            if attr.HasField("func"):
+                found.add(attr.func.name)
+            found.update(func.name for func in attr.list.func)
+    return found
+
+
+def _rename_references(fdef: function_pb2.FunctionDef, names: dict[str, str]) -> None:
+    for node in fdef.node_def:
+        if node.op in names:
+            node.op = names[node.op]
+        for attr in node.attr.values():
+            if attr.HasField("func") and attr.func.name in names:
+                attr.func.name = names[attr.func.name]
+            for func in attr.list.func:
+                if func.name in names:
+                    func.name = names[func.name]
 
 
 def _numbered(structure: Any, counter: Any) -> Any:
