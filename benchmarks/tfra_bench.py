@@ -25,8 +25,10 @@ left, as every later process on a machine does.
 
 ``{side}_{step}_cpu_s`` is the CPU time of the step's process (every thread), which other
 load on a shared machine changes less than the wall-clock time. The sides run in turn for
-``--rounds`` rounds; each timing is the best of its rounds after the first (the first is
-TFRA's warm-up too: its first process loads TensorFlow's and TFRA's libraries cold).
+``--rounds`` rounds, each side first in every other round (memory a process frees returns
+to the host of this virtual machine, and the next process pays to touch it again); each
+timing is the best of its rounds after the first (the first is TFRA's warm-up too: its
+first process loads TensorFlow's and TFRA's libraries cold).
 
 References on the same bytes (``N * 8`` key bytes + ``N * dim * 4`` value bytes), measured
 in every round before the sides and reported as the best of the rounds after the first:
@@ -252,9 +254,11 @@ def main() -> None:
     try:
         result: dict[str, Any] = {"keys": args.keys, "dim": args.dim}
         rounds: dict[str, list[dict[str, Any]]] = {"raw": [], **{side: [] for side in SIDES}}
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             rounds["raw"].append(raw_references(args))
-            for side in SIDES:
+            # The sides take turns going first: on this virtual machine, memory a process
+            # freed returns to the host, and the next process pays to touch it again.
+            for side in SIDES if round_ % 2 == 0 else SIDES[::-1]:
                 rounds[side].append(run_side(args, side))
         for figures in rounds.values():
             result.update(best_of(figures))
