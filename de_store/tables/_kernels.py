@@ -46,8 +46,11 @@ class Kernels:
     def run(self, name: str, mutex: tf.Tensor, state: State, *args: tf.Tensor) -> Any:
         """Run kernel ``name`` on the table of ``mutex`` and ``state``, holding the mutex.
 
-        Eagerly the shared function runs; inside a caller's ``tf.function`` it is called
-        as a function (one call op, inlined by TensorFlow when the graph runs), so that
+        Eagerly the kernel runs as the kernel cache holds it (:mod:`._kernel_cache`:
+        traced and written there on its first use on a machine), without Grappler (see
+        :func:`~._locking.unoptimized_calls`); inside a caller's ``tf.function`` the
+        shared function is called as a function (one call op, inlined by TensorFlow when
+        the graph runs), so that
         the lock is taken and released as in an eager call (see :mod:`._locking`). In a
         ``tf.compat.v1`` graph, a kernel without outputs returns the operations its call
         added, grouped: what ``Session.run`` fetches to run it.
