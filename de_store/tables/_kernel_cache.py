@@ -72,16 +72,17 @@ def _entry_key(config: Config, name: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def store(config: Config, name: str, concrete: Any) -> None:
+def store(config: Config, name: str, concrete: Any) -> Callable[..., Any] | None:
     """Write the traced kernel ``concrete`` (a ``ConcreteFunction``) as the entry of
-    ``(config, name)``; a kernel that captures tensors, or a directory that cannot be
-    written, is left out (logged at DEBUG)."""
+    ``(config, name)`` and return it as :func:`load` would (its functions renamed), or
+    ``None`` when the cache is off or the kernel captures tensors. A directory that cannot
+    be written is logged at DEBUG; the kernel is returned all the same."""
     root = _kernel_dir()
     if root is None:
-        return
+        return None
     if concrete.captured_inputs:
         log.debug("kernel %s captures tensors: not cached", name)
-        return
+        return None
     key = _entry_key(config, name)
     library = function_pb2.FunctionDefLibrary()
     library.function.extend(concrete.graph.as_graph_def().library.function)
@@ -95,7 +96,7 @@ def store(config: Config, name: str, concrete: Any) -> None:
             raise TypeError("fewer tensors than the function's outputs")
     except (TypeError, StopIteration) as err:
         log.debug("kernel %s not cached: its outputs are not %d tensors: %s", name, count, err)
-        return
+        return None
     payload = library.SerializeToString(deterministic=True)
     header = {
         "main": main,
@@ -110,8 +111,9 @@ def store(config: Config, name: str, concrete: Any) -> None:
         os.replace(out.name, root / f"{key}.kernel")
     except OSError as err:
         log.debug("kernel cache %s not written: %s", root, err)
-        return
-    log.debug("kernel %s traced and written to %s", name, root / f"{key}.kernel")
+    else:
+        log.debug("kernel %s traced and written to %s", name, root / f"{key}.kernel")
+    return _called_by_name(library, main, count, outputs)
 
 
 def load(config: Config, name: str) -> Callable[..., Any] | None:
@@ -134,6 +136,14 @@ def load(config: Config, name: str) -> Callable[..., Any] | None:
         log.debug("kernel cache entry %s ignored: %s", path, err)
         return None
     log.debug("kernel %s loaded from %s", name, path)
+    return _called_by_name(library, main, count, outputs)
+
+
+def _called_by_name(
+    library: function_pb2.FunctionDefLibrary, main: str, count: int, outputs: Any
+) -> Callable[..., Any]:
+    """An eager callable running function ``main`` of ``library`` by name, its ``count``
+    outputs packed as ``outputs`` numbers them."""
 
     def call(*inputs: tf.Tensor) -> Any:
         ctx = context.context()

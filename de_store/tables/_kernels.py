@@ -71,10 +71,10 @@ class Kernels:
         specs = tf.nest.flatten(function.input_signature)
         kernel = _kernel_cache.load(self.config, name)
         if kernel is None:
-            # Stored, then run as loaded: this process's XLA compiles then carry the
-            # names later processes see, and TensorFlow's XLA cache serves those.
-            _kernel_cache.store(self.config, name, function.get_concrete_function())
-            kernel = _kernel_cache.load(self.config, name) or self._traced(function)
+            # Run as stored: this process's XLA compiles then carry the function names
+            # later processes see, and TensorFlow's XLA cache serves those.
+            concrete = function.get_concrete_function()
+            kernel = _kernel_cache.store(self.config, name, concrete) or self._traced(function)
 
         def call(*flat: Any) -> Any:
             return kernel(
