@@ -32,6 +32,7 @@ from de_store.saver.variable_rows import (
     VariableRows,
     coalesce,
     even_batches,
+    even_sizes,
 )
 
 if TYPE_CHECKING:
@@ -214,11 +215,11 @@ def _pending(variable: SavedVariable, index: int) -> PendingShardRows | None:
             return None
         lookups[column] = lookup
     table = variable.shards[index].snapshot()
-    on_host = _IO_DEVICE.get() is None and _on_host(variable.devices[index])
+    through_io_device = _IO_DEVICE.get() is not None
 
     def read() -> SnapshotRows:
         columns: dict[str, np.ndarray | RowsOf] = {}
-        if table.read_rows is not None and on_host:  # values gathered once, by the writer
+        if table.read_rows is not None and not through_io_device:  # gathered by the writer
             keys, rows, store = table.read_rows()
             columns[VALUE_COLUMN] = RowsOf(to_host(store), to_host(rows))
         else:
@@ -229,12 +230,6 @@ def _pending(variable: SavedVariable, index: int) -> PendingShardRows | None:
         return SnapshotRows(to_host(keys), columns)
 
     return PendingShardRows(table.rows, read)
-
-
-def _on_host(device: str) -> bool:
-    """Whether ``device`` is host memory: there ``np.asarray`` shares a tensor's buffer
-    (elsewhere it copies, and a table's whole row store is more than its live rows)."""
-    return tf.DeviceSpec.from_string(device).device_type in (None, "CPU")
 
 
 def _add_companions(
@@ -389,8 +384,8 @@ def grow_for_restore(variable: SavedVariable, rows: int) -> None:
     tables = [variable, *variable.companions().values()]
     if any(int(table.size()) for table in tables):
         return
-    batches = max(-(-rows // LOAD_ROWS), 1)  # as apply_rows splits the rows
-    per_shard = -(-rows // (batches * len(variable.shards)))
+    largest = even_sizes(rows, LOAD_ROWS)[0]  # the batches apply_rows loads
+    per_shard = -(-largest // len(variable.shards))
     for table in tables:
         reserve_shards(table, rows)
         keys = tf.zeros([0], table.key_dtype)

@@ -194,8 +194,7 @@ def even_batches(batches: Iterable[ShardRows], total: int, most: int) -> Iterato
     A bulk load compiles its first probe rounds for each batch size class (a restore's
     last, shorter batch would compile once more): equal batches share one.
     """
-    count = max(-(-total // most), 1)
-    sizes = iter([total // count + (i < total % count) for i in range(count)])
+    sizes = iter(even_sizes(total, most))
     pending: list[ShardRows] = []
     held, wanted = 0, next(sizes)
     for batch in batches:
@@ -209,6 +208,13 @@ def even_batches(batches: Iterable[ShardRows], total: int, most: int) -> Iterato
                 pending, held, wanted = [], 0, next(sizes, most)
     if pending:
         yield _concat(pending)
+
+
+def even_sizes(total: int, most: int) -> list[int]:
+    """The sizes of the batches :func:`even_batches` makes of ``total`` rows, largest
+    first: ``ceil(total / most)`` of them, differing by one at most."""
+    count = max(-(-total // most), 1)
+    return [total // count + (i < total % count) for i in range(count)]
 
 
 def _slice(batch: ShardRows, start: int, end: int) -> ShardRows:

@@ -24,7 +24,8 @@ class TableSnapshot:
     rows: int
     read: Callable[[], tuple[tf.Tensor, tf.Tensor]]
     lookup: Callable[[tf.Tensor], tf.Tensor] | None = None
-    #: Where the core offers it: ``(keys [rows], row_ids [rows], store [n, dim])``, the
+    #: Where the core offers it (a row store in host memory, holding the values in the
+    #: table's value dtype): ``(keys [rows], row_ids [rows], store [n, dim])``, the
     #: value of ``keys[i]`` being ``store[row_ids[i]]``: what ``read`` gives without
     #: gathering the values (a writer that reorders the rows gathers them once, there).
     read_rows: Callable[[], tuple[tf.Tensor, tf.Tensor, tf.Tensor]] | None = None

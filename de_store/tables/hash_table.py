@@ -195,6 +195,7 @@ class HashTable(TableCore):
             self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64), fixed)
             self.num_removed = _counter("num_removed", 0, fixed)
         self._device = self.index.device
+        self._on_host = tf.DeviceSpec.from_string(self._device).device_type == "CPU"
         self._mutex = _locking.TableMutex(self._device)
         self._kernels = _kernels.kernels_for(
             _types.Config(
@@ -205,7 +206,7 @@ class HashTable(TableCore):
                 self.init_capacity,
                 self.track_changes,
                 rows,
-                serial_scatter=tf.DeviceSpec.from_string(self._device).device_type == "CPU",
+                serial_scatter=self._on_host,  # TensorFlow's CPU scatter is serial
                 fixed_shapes=fixed,
             )
         )
@@ -308,8 +309,10 @@ class HashTable(TableCore):
                 found = tf.where((rows >= 0)[:, None], found, tf.zeros_like(found))
                 return self._exported_values(found)
 
-        stored_as_given = values.dtype == self.value_dtype
-        return TableSnapshot(int(count), read, lookup, read_rows if stored_as_given else None)
+        # The store is offered where a reader shares it (host memory: elsewhere reading it
+        # copies it whole, more than the live rows) and holds the values as exported.
+        offered = self._on_host and values.dtype == self.value_dtype
+        return TableSnapshot(int(count), read, lookup, read_rows if offered else None)
 
     def _exported(self, keys: tf.Tensor) -> tf.Tensor:
         return tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys
