@@ -63,6 +63,7 @@ from de_store.saver.rows import (
     apply_rows,
     check_compatible,
     grow_for_restore,
+    restore_shares,
 )
 from de_store.saver.topology import Topology
 
@@ -528,8 +529,13 @@ def restore_checkpoint(
     total = sum(entry.rows + entry.removed_rows for chain in chains for *_, entry in chain)
     # Empty variables grow for their rows while the shards are read (rows.grow_for_restore)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="de_store-grow") as pool:
-        growing = [pool.submit(grow_for_restore, v, _rows_to_read(c, topology))
-                   for v, c in zip(variables, chains, strict=True)]  # fmt: skip
+        shares = [
+            restore_shares(v, _parts_to_read(c, topology))
+            for v, c in zip(variables, chains, strict=True)
+        ]
+        growing = [
+            pool.submit(grow_for_restore, v, s) for v, s in zip(variables, shares, strict=True)
+        ]
         with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
             loaded = [
                 [_read_link(backend.sub(at), e, topology, options, bar) for at, _, e in chain]
@@ -537,10 +543,10 @@ def restore_checkpoint(
             ]
         for grown in growing:
             grown.result()
-    for variable, chain, links in zip(variables, chains, loaded, strict=True):
+    for variable, chain, links, share in zip(variables, chains, loaded, shares, strict=True):
         entries = [entry for *_, entry in chain]
         folders = [f"{backend.url.rstrip('/')}/{link}" for link, *_ in chain]
-        _apply_chain(variable, entries, links, folders)
+        _apply_chain(variable, entries, links, folders, share)
         incremental.record_restore(variable, where, manifest, entries)
     rows = sum(r.rows for links in loaded for link_rows, _ in links for _, r in link_rows)
     size = sum(entry.bytes for chain in chains for *_, entry in chain)
@@ -548,12 +554,14 @@ def restore_checkpoint(
     return manifest
 
 
-def _rows_to_read(chain: list[Link], topology: Topology) -> int:
-    return sum(
-        shards.rows_for_rank(record, topology.proc_rank, topology.proc_size)
+def _parts_to_read(chain: list[Link], topology: Topology) -> list[tuple[int, int, int]]:
+    """``(num_buckets, bucket, rows)`` of every part this rank reads of a chain's rows."""
+    return [
+        part
         for *_, entry in chain
         for record in entry.shards
-    )
+        for part in shards.bucket_rows(record, topology.proc_rank, topology.proc_size)
+    ]
 
 
 def _chain_of(
@@ -575,8 +583,10 @@ def _apply_chain(
     entries: list[VariableEntry],
     links: list[tuple[list[FileRows], list[FileRows]]],
     folders: list[str],
+    shares: Sequence[int],
 ) -> None:
     """The full link replaces the content; each delta removes its keys, upserts its rows.
+    Each table shard is grown first for its entry of ``shares``, the rows it receives.
 
     Each link's rows must hold each key once (``folders`` name the links). A delta's are
     checked before anything is applied (a sort of its rows: deltas are upserted, which
@@ -587,12 +597,11 @@ def _apply_chain(
         if (found := repeated_key((path, r.keys) for path, r in rows)) is not None:
             _refuse_repeated(variable, folder, found)
     first = [rows for _, rows in links[0][0]]
-    reserve = sum(batch.rows for rows, _ in links for _, batch in rows)
     # Eager calls from other threads (a training loop) wait: the size check below and the
     # chain see this restore's rows only, and the restore is one step to them.
     with variable.exclusive():
         try:
-            apply_rows(variable, entries[0].columns, first, reserve)
+            apply_rows(variable, entries[0].columns, first, shares)
             repeated = int(variable.size()) != sum(batch.rows for batch in first)
         except RepeatedKeysError:
             repeated = True

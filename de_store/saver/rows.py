@@ -319,21 +319,23 @@ def apply_rows(
     variable: SavedVariable,
     specs: dict[str, ColumnSpec],
     batches: Sequence[ShardRows],
-    reserve: int = 0,
+    reserve: int | Sequence[int] = 0,
 ) -> None:
     """Replace the variable's content (and companions') with the restored rows; grow the
-    tables for ``reserve`` rows (at least the rows given) first.
+    tables first: each shard for its entry of ``reserve`` (rows per table shard, see
+    :func:`restore_shares`), or for an even share of ``reserve`` rows (at least the rows
+    given).
 
     The rows are bulk-loaded (``load_distinct``): a key given twice raises
     :class:`~de_store.errors.RepeatedKeysError` (on cores that detect it).
     """
     targets = _targets(variable, specs)
-    total = max(reserve, sum(batch.rows for batch in batches))
-
+    given = sum(batch.rows for batch in batches)
+    if isinstance(reserve, int):
+        reserve = even_shares(len(variable.shards), max(reserve, given))
     variable.clear()  # companions too
     for target in targets.values():
-        reserve_shards(target, total)
-    given = sum(batch.rows for batch in batches)
+        reserve_shards(target, reserve)
     for batch in even_batches(batches, given, LOAD_ROWS):  # a checkpoint holds each key once
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
@@ -370,11 +372,12 @@ def upsert_rows(targets: dict[str, SavedVariable], batches: Iterable[ShardRows])
             target.upsert(keys, to_tensor(batch.columns[column]))
 
 
-def grow_for_restore(variable: SavedVariable, rows: int) -> None:
-    """Make an empty variable ready for ``rows`` restored rows: grow its tables (its
-    values and the companions it has) and run their bulk load once on no rows (the first
-    call of a kernel in a process instantiates it), and have XLA compile, or load from its
-    cache, what loading batches of that size compiles.
+def grow_for_restore(variable: SavedVariable, shares: Sequence[int]) -> None:
+    """Make an empty variable ready for its restored rows, ``shares[i]`` for table shard
+    ``i`` (see :func:`restore_shares`): grow its tables (its values and the companions it
+    has) and run their bulk load once on no rows (the first call of a kernel in a process
+    instantiates it), and have XLA compile, or load from its cache, what loading batches
+    of that size compiles.
 
     A restore runs this in a helper thread while it reads the shards, so that loading
     finds the room made (new memory is slow to touch) and the kernels ready; ``clear``
@@ -384,10 +387,10 @@ def grow_for_restore(variable: SavedVariable, rows: int) -> None:
     tables = [variable, *variable.companions().values()]
     if any(int(table.size()) for table in tables):
         return
-    largest = even_sizes(rows, LOAD_ROWS)[0]  # the batches apply_rows loads
+    largest = even_sizes(sum(shares), LOAD_ROWS)[0]  # the batches apply_rows loads
     per_shard = -(-largest // len(variable.shards))
     for table in tables:
-        reserve_shards(table, rows)
+        reserve_shards(table, shares)
         keys = tf.zeros([0], table.key_dtype)
         table.load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype))
         for shard, device in zip(table.shards, table.devices, strict=True):
@@ -396,12 +399,40 @@ def grow_for_restore(variable: SavedVariable, rows: int) -> None:
                     shard.compile_load(per_shard)
 
 
-def reserve_shards(variable: SavedVariable, rows: int) -> None:
-    """Grow each shard once for its expected share of ``rows`` (cores that can; growing
-    step by step while inserting costs about half of a bulk load's time)."""
-    shards = len(variable.shards)
-    share = rows if shards == 1 else int(rows / shards * RESERVE_SLACK)
-    for shard, device in zip(variable.shards, variable.devices, strict=True):
+def restore_shares(variable: SavedVariable, parts: Iterable[tuple[int, int, int]]) -> list[int]:
+    """Rows each table shard of ``variable`` receives from the shard parts a restore
+    reads, given as ``(num_buckets, bucket, rows)``.
+
+    Exact where the shard of a key follows from its bucket: the variable partitions with
+    ``default_partition_fn`` (``floormod(hash(key), shards)``, the bucket's own hash) and
+    the shard count divides ``num_buckets``, so every row of bucket ``b`` goes to shard
+    ``b mod shards``. Otherwise an even split with ``RESERVE_SLACK`` headroom.
+    """
+    from de_store.partition import default_partition_fn
+
+    count = len(variable.shards)
+    parts = list(parts)
+    routed = getattr(variable, "partitioner", None) is default_partition_fn
+    if count == 1 or not routed or any(buckets % count for buckets, _, _ in parts):
+        return even_shares(count, sum(rows for *_, rows in parts))
+    shares = [0] * count
+    for _, bucket, rows in parts:
+        shares[bucket % count] += rows
+    return shares
+
+
+def even_shares(shards: int, rows: int) -> list[int]:
+    """``rows`` split evenly over ``shards`` table shards, with ``RESERVE_SLACK`` headroom
+    where there is more than one (keys do not spread exactly evenly)."""
+    return [rows if shards == 1 else int(rows / shards * RESERVE_SLACK)] * shards
+
+
+def reserve_shards(variable: SavedVariable, rows: int | Sequence[int]) -> None:
+    """Grow each shard once for ``rows[i]`` rows, or for its share of ``rows`` split
+    evenly (cores that can; growing step by step while inserting costs about half of a
+    bulk load's time)."""
+    shares = even_shares(len(variable.shards), rows) if isinstance(rows, int) else rows
+    for shard, device, share in zip(variable.shards, variable.devices, shares, strict=True):
         if hasattr(shard, "reserve"):
             with tf.device(device):
                 shard.reserve(share)

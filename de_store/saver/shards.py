@@ -223,11 +223,14 @@ def parts_for_rank(record: ShardRecord, proc_rank: int, proc_size: int) -> list[
     return [i for i, b in enumerate(record.part_buckets) if b % step == wanted]
 
 
-def rows_for_rank(record: ShardRecord, proc_rank: int, proc_size: int) -> int:
-    """Rows of the parts of ``record`` that rank ``proc_rank`` reads (its keys and, where
-    buckets are shared between ranks, others')."""
+def bucket_rows(record: ShardRecord, proc_rank: int, proc_size: int) -> list[tuple[int, int, int]]:
+    """``(num_buckets, bucket, rows)`` of each part of ``record`` that rank ``proc_rank``
+    reads (its keys and, where buckets are shared between ranks, others')."""
     parts = record.info["parts"]
-    return sum(int(parts[i]["rows"]) for i in parts_for_rank(record, proc_rank, proc_size))
+    return [
+        (record.num_buckets, record.part_buckets[i], int(parts[i]["rows"]))
+        for i in parts_for_rank(record, proc_rank, proc_size)
+    ]
 
 
 def read_shard_rows(

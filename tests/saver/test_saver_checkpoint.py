@@ -264,3 +264,69 @@ def test_restored_rows_repeating_a_key_are_refused() -> None:
     second = ShardRows(np.array([3, 4], np.int64), {"value": np.full([2, 2], 2.0, np.float32)})
     with pytest.raises(RepeatedKeysError):
         apply_rows(variable, {}, [first, second])
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+def test_restore_grows_each_table_shard_once_for_exactly_its_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shards: int
+) -> None:
+    """A shard's rows are grouped by bucket, and a bucket's keys all belong to one table
+    shard of a variable partitioned by ``default_partition_fn`` when the shard count
+    divides the bucket count (30,000 rows: 12 buckets), so a restore grows each table
+    shard for exactly the rows it will hold, its companions' alike."""
+    from de_store.tables.hash_table import HashTable
+
+    var = make_variable("emb", ds.FileSystemSaver())
+    keys = np.arange(-10_000, 20_000, dtype=np.int64)
+    keys_t = tf.constant(keys)
+    var.upsert(keys_t, tf.ones([len(keys), 4]))
+    var.companion("adam_m", 4, tf.float32).upsert(keys_t, tf.ones([len(keys), 4]))
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+
+    restored = make_variable("emb", ds.FileSystemSaver(), shards=shards)
+    restored.companion("adam_m", 4, tf.float32)
+    reserved: list[tuple[str, int]] = []
+    original = HashTable.reserve
+
+    def reserve(table: HashTable, count: int) -> None:
+        reserved.append((table.name, count))
+        original(table, count)
+
+    monkeypatch.setattr(HashTable, "reserve", reserve)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    for variable in (restored, restored.companions()["adam_m"]):
+        sizes = [int(variable.size(index)) for index in range(shards)]
+        assert sum(sizes) == len(keys)
+        names = [shard.name for shard in variable.shards]
+        grown = [count for name, count in reserved if name in names]
+        assert grown[:shards] == sizes  # in the restore's helper thread, while reading
+        assert grown[shards:] == sizes  # after the clear: room kept, nothing grows
+
+
+def test_restore_splits_rows_evenly_with_headroom_for_another_partitioner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partitioner of the user's own says nothing about buckets: each table shard grows
+    for an even share of the rows and 10% more."""
+    from de_store.partition import default_partition_fn
+    from de_store.tables.hash_table import HashTable
+
+    var = make_variable("emb", ds.FileSystemSaver())
+    var.upsert(tf.range(30_000, dtype=tf.int64), tf.ones([30_000, 4]))
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+
+    def shifted(keys: tf.Tensor, shard_num: int) -> tf.Tensor:
+        return default_partition_fn(keys + 1, shard_num)
+
+    restored = make_variable("emb", ds.FileSystemSaver(), shards=2, partitioner=shifted)
+    reserved: list[int] = []
+    original = HashTable.reserve
+
+    def reserve(table: HashTable, count: int) -> None:
+        reserved.append(count)
+        original(table, count)
+
+    monkeypatch.setattr(HashTable, "reserve", reserve)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert reserved == [16_500] * 4
+    assert content(restored) == content(var)

@@ -152,3 +152,22 @@ def test_restored_rows_are_loaded_in_batches_of_even_size() -> None:
     for batch in got:
         np.testing.assert_array_equal(batch.columns[VALUE_COLUMN][:, 0], batch.keys * 10.0)
     assert [b.rows for b in even_batches(parts, 17, 100)] == [17]
+
+
+@pytest.mark.parametrize("key_dtype", ["int64", "string"])
+def test_a_keys_bucket_names_its_table_shard_where_the_shard_count_divides_the_buckets(
+    key_dtype: str,
+) -> None:
+    """What lets a restore size each table shard from the manifest alone: with
+    ``default_partition_fn``, a key of bucket ``b`` belongs to table shard ``b mod n``."""
+    import tensorflow as tf
+
+    from de_store.partition import default_partition_fn
+
+    numbers = np.random.default_rng(5).integers(-(2**62), 2**62, 20_000, dtype=np.int64)
+    keys = numbers if key_dtype == "int64" else tf.strings.as_string(numbers).numpy()
+    for buckets in (12, 720, 5040):
+        bucket = key_hash_mod(keys, buckets, key_dtype)
+        for count in (2, 3, 4, 6):
+            shard = default_partition_fn(tf.constant(keys), count).numpy()
+            np.testing.assert_array_equal(bucket % count, shard)
