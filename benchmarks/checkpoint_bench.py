@@ -12,15 +12,16 @@ Measures, through the user path (``de_store.get_variable`` with a ``FileSystemSa
   the same upsert before any save; ``async_stall_*`` in ``ratios`` adds the block and
   what the next write paid more;
 * ``restore_s``: ``Checkpoint.read`` in a fresh process, files evicted from the page cache
-  first (``import tensorflow`` is timed apart, as ``restore_import_tf_s``), after an
-  earlier restore process left its traced kernels and XLA executables in de_store's cache
-  directory (one the run starts empty); ``restore_cold_cache_s``: that earlier restore;
+  first (``import tensorflow`` is timed apart, as ``restore_import_tf_s``), the faster of
+  two such processes, after an earlier restore process left its traced kernels and XLA
+  executables in de_store's cache directory (one the run starts empty);
+  ``restore_cold_cache_s``: that earlier restore;
   ``memory_floor_s``: in that process, after the restore, ``tf.fill`` allocating and first
   touching as many bytes as the restored table holds (the floor memory sets a restore on
   this machine, next to the cold read of the same rows);
-* ``reshard_restore_s``: the same into a variable with another number of shards (logical
-  CPU devices), after an earlier such restore (``reshard_restore_cold_cache_s``: its XLA
-  compiles are for other shapes);
+* ``reshard_restore_s``: the same (the faster of two) into a variable with another number
+  of shards (logical CPU devices), after an earlier such restore
+  (``reshard_restore_cold_cache_s``: its XLA compiles are for other shapes);
 * references on the same bytes (``N * 8`` key bytes + ``N * D * 4`` value bytes):
   ``numpy.tofile`` + fsync, a cold ``numpy.fromfile``, and TF's own checkpoint of a dense
   ``[N, D]`` variable (write, then a cold read in a fresh process); ``bucket_reorder_s``,
@@ -298,15 +299,18 @@ def main() -> None:
         reads.append(run_phase(args, "raw_read"))  # beside each restore: the best of two
         result.update(min(reads, key=lambda r: r["raw_read_s"]))
         restore = run_phase(args, "restore")
+        again = run_phase(args, "restore", formats=[])
         result["restore_import_tf_s"] = restore.pop("import_tf_s")
         result.update(restore)
+        result["restore_s"] = min(restore["restore_s"], again["restore_s"])
+        result["verified"] = restore["verified"] and again["verified"]
         print(f"restore phase: {json.dumps(restore)}", flush=True)
         reshard = run_phase(args, "restore", shards=args.reshard, formats=[])
         result["reshard_restore_cold_cache_s"] = reshard["restore_s"]
-        reshard = run_phase(args, "restore", shards=args.reshard, formats=[])
-        result["reshard_restore_s"] = reshard["restore_s"]
+        reshards = [run_phase(args, "restore", shards=args.reshard, formats=[]) for _ in range(2)]
+        result["reshard_restore_s"] = min(r["restore_s"] for r in reshards)
         result["reshard_shards"] = args.reshard
-        result["reshard_verified"] = reshard["verified"]
+        result["reshard_verified"] = all(r["verified"] for r in reshards)
         result["ratios"] = ratios(result)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
