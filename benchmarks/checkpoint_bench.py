@@ -25,7 +25,8 @@ Measures, through the user path (``de_store.get_variable`` with a ``FileSystemSa
 * references on the same bytes (``N * 8`` key bytes + ``N * D * 4`` value bytes):
   ``numpy.tofile`` + fsync, a cold ``numpy.fromfile``, and TF's own checkpoint of a dense
   ``[N, D]`` variable (write, then a cold read in a fresh process); ``bucket_reorder_s``,
-  numpy putting the rows in key-bucket order (the grouping a shard holds its rows in);
+  numpy and Arrow putting the rows in key-bucket order (the grouping a shard holds its
+  rows in);
 * ``peak_rss_save_bytes``: the process's peak RSS while the synchronous save runs (sampled
   every 5 ms), next to ``rss_before_save_bytes`` and ``table_bytes`` (the table's variables).
 

@@ -33,11 +33,11 @@ first process loads TensorFlow's and TFRA's libraries cold).
 References on the same bytes (``N * 8`` key bytes + ``N * dim * 4`` value bytes), measured
 in every round before the sides and reported as the best of the rounds after the first:
 ``raw_write_fsync_s`` (``numpy.tofile`` + fsync) and ``raw_read_s`` (``numpy.fromfile``,
-cold); and ``bucket_reorder_s``, numpy putting the same rows in key-bucket order (a
-stable radix sort of the buckets and a ``take``): with the raw write, the floor of a save
-whose shards hold their rows grouped by bucket. ``cold_reads`` says how the page cache
-was emptied: ``drop_caches`` (the whole cache, as root) or ``posix_fadvise`` (each file
-evicted).
+cold); and ``bucket_reorder_s``, numpy and Arrow putting the same rows in key-bucket
+order (Arrow's stable counting sort of the buckets and a ``take``): with the raw write,
+the floor of a save whose shards hold their rows grouped by bucket. ``cold_reads`` says
+how the page cache was emptied: ``drop_caches`` (the whole cache, as root) or
+``posix_fadvise`` (each file evicted).
 
 The TFRA side runs under ``--tfra-python``, an interpreter of a separate virtual
 environment (see docs/benchmarks.md), with ``TF_USE_LEGACY_KERAS=1``; in that process this
