@@ -529,12 +529,11 @@ def restore_checkpoint(
     total = sum(entry.rows + entry.removed_rows for chain in chains for *_, entry in chain)
     # Empty variables grow for their rows while the shards are read (rows.grow_for_restore)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="de_store-grow") as pool:
-        shares = [
-            restore_shares(v, _parts_to_read(c, topology))
-            for v, c in zip(variables, chains, strict=True)
-        ]
+        parts = [_parts_to_read(chain, topology) for chain in chains]
+        shares = [restore_shares(v, p) for v, p in zip(variables, parts, strict=True)]
         growing = [
-            pool.submit(grow_for_restore, v, s) for v, s in zip(variables, shares, strict=True)
+            pool.submit(grow_for_restore, v, sum(rows for *_, rows in p), s)
+            for v, p, s in zip(variables, parts, shares, strict=True)
         ]
         with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
             loaded = [

@@ -372,12 +372,12 @@ def upsert_rows(targets: dict[str, SavedVariable], batches: Iterable[ShardRows])
             target.upsert(keys, to_tensor(batch.columns[column]))
 
 
-def grow_for_restore(variable: SavedVariable, shares: Sequence[int]) -> None:
-    """Make an empty variable ready for its restored rows, ``shares[i]`` for table shard
-    ``i`` (see :func:`restore_shares`): grow its tables (its values and the companions it
-    has) and run their bulk load once on no rows (the first call of a kernel in a process
-    instantiates it), and have XLA compile, or load from its cache, what loading batches
-    of that size compiles.
+def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) -> None:
+    """Make an empty variable ready for ``rows`` restored rows, of which table shard ``i``
+    receives ``shares[i]`` (see :func:`restore_shares`): grow its tables (its values and
+    the companions it has) and run their bulk load once on no rows (the first call of a
+    kernel in a process instantiates it), and have XLA compile, or load from its cache,
+    what loading batches of that size compiles.
 
     A restore runs this in a helper thread while it reads the shards, so that loading
     finds the room made (new memory is slow to touch) and the kernels ready; ``clear``
@@ -387,7 +387,7 @@ def grow_for_restore(variable: SavedVariable, shares: Sequence[int]) -> None:
     tables = [variable, *variable.companions().values()]
     if any(int(table.size()) for table in tables):
         return
-    largest = even_sizes(sum(shares), LOAD_ROWS)[0]  # the batches apply_rows loads
+    largest = even_sizes(rows, LOAD_ROWS)[0]  # the batches apply_rows loads
     per_shard = -(-largest // len(variable.shards))
     for table in tables:
         reserve_shards(table, shares)

@@ -307,7 +307,7 @@ def test_restore_splits_rows_evenly_with_headroom_for_another_partitioner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A partitioner of the user's own says nothing about buckets: each table shard grows
-    for an even share of the rows and 10% more."""
+    for an even share of the rows and 10% more; the load batches are those of the rows."""
     from de_store.partition import default_partition_fn
     from de_store.tables.hash_table import HashTable
 
@@ -326,7 +326,10 @@ def test_restore_splits_rows_evenly_with_headroom_for_another_partitioner(
         reserved.append(count)
         original(table, count)
 
+    compiled: list[int] = []
     monkeypatch.setattr(HashTable, "reserve", reserve)
+    monkeypatch.setattr(HashTable, "compile_load", lambda table, count: compiled.append(count))
     tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
     assert reserved == [16_500] * 4
+    assert compiled == [15_000] * 2  # half of the one load batch, not of the headroom
     assert content(restored) == content(var)
