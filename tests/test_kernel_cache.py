@@ -138,3 +138,26 @@ def test_kernels_give_a_function_they_both_call_one_name(tmp_path, monkeypatch):
     shared = names["load_distinct"] & names["compile_load"]
     assert len(shared) == 1  # the compiled first race, called by both
     assert not shared & names["lookup"]  # lookups compile another function
+
+
+def test_an_entry_that_cannot_be_written_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A cache directory that takes the temporary file but not the rename (a full disk, a
+    vanished directory): the kernel is returned all the same, and no file stays."""
+    import tensorflow as tf
+
+    from de_store.tables import _kernel_cache
+    from de_store.tables._kernels import Kernels
+    from de_store.tables._types import Config
+
+    monkeypatch.setenv("DE_STORE_CACHE_DIR", str(tmp_path))
+    config = Config(
+        dim=5, dtype=tf.float32, max_load_factor=0.75, row_growth=1.25, init_capacity=16
+    )
+
+    def refuse(source, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_kernel_cache.os, "replace", refuse)
+    concrete = Kernels(config).size.get_concrete_function()
+    assert _kernel_cache.store(config, "size", concrete) is not None
+    assert list((tmp_path / "kernels").iterdir()) == []

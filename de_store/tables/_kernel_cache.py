@@ -26,6 +26,7 @@ in it is ever needed: deleting it costs the next process its traces and compiles
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -104,13 +105,18 @@ def store(config: Config, name: str, concrete: Any) -> Callable[..., Any] | None
         "outputs": outputs,
         "sha256": hashlib.sha256(payload).hexdigest(),
     }
+    temporary: str | None = None
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=root, prefix=f".{key}-", delete=False) as out:
+            temporary = out.name
             out.write(json.dumps(header).encode() + b"\n" + payload)
-        os.replace(out.name, root / f"{key}.kernel")
+        os.replace(temporary, root / f"{key}.kernel")
     except OSError as err:
         log.debug("kernel cache %s not written: %s", root, err)
+        if temporary is not None:  # a full disk: leave no half-written entry behind
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
     else:
         log.debug("kernel %s traced and written to %s", name, root / f"{key}.kernel")
     return _called_by_name(library, main, count, outputs)
