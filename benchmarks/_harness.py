@@ -105,14 +105,14 @@ def bucket_reorder(keys: int, dim: int) -> float:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from de_store.saver.buckets import choose_num_buckets  # numpy only
+    from de_store.saver.buckets import choose_num_buckets, int_floormod  # numpy only
 
     batches = list(rows(keys, dim))
     all_keys = np.concatenate([k for k, _ in batches])
     all_values = np.concatenate([v for _, v in batches])
     del batches
     start = time.perf_counter()
-    buckets = np.mod(all_keys, choose_num_buckets(keys))
+    buckets = int_floormod(all_keys, choose_num_buckets(keys))
     order = pc.array_sort_indices(pa.array(buckets)).to_numpy()
     np.take(all_keys, order)
     np.take(all_values, order, axis=0)

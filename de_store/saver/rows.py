@@ -88,8 +88,10 @@ class SavedVariable(Protocol):
 #: Rows per upsert on restore: large enough to amortise the per-call cost, small enough
 #: for the table's insert to stay fast (it slows down on much larger batches).
 UPSERT_ROWS = 1 << 18
-#: Rows per bulk load (``load_distinct``) on restore: it gains from larger batches.
+#: Rows per bulk load (``load_distinct``) on restore at most: it gains from larger batches.
 LOAD_ROWS = 1 << 20
+#: Bytes of a bulk-load batch's values at most (see :func:`load_rows`).
+LOAD_BYTES = 16 << 20
 #: Headroom over an even split of the restored rows when shards are grown up front.
 RESERVE_SLACK = 1.1
 
@@ -336,7 +338,8 @@ def apply_rows(
     variable.clear()  # companions too
     for target in targets.values():
         reserve_shards(target, reserve)
-    for batch in even_batches(batches, given, LOAD_ROWS):  # a checkpoint holds each key once
+    # a checkpoint holds each key once
+    for batch in even_batches(batches, given, load_rows(variable)):
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
             target.load_distinct(keys, to_tensor(batch.columns[column]))
@@ -372,6 +375,19 @@ def upsert_rows(targets: dict[str, SavedVariable], batches: Iterable[ShardRows])
             target.upsert(keys, to_tensor(batch.columns[column]))
 
 
+def load_rows(variable: SavedVariable) -> int:
+    """Rows per bulk-load batch of a restore into ``variable``: :data:`LOAD_ROWS`, fewer
+    where a batch of its values would exceed :data:`LOAD_BYTES`.
+
+    A batch is assembled in new arrays. glibc's allocator keeps freed buffers of up to
+    32 MiB in the process and hands them out again; larger ones are fresh pages from the
+    kernel, which every batch would pay to first touch again (the slowest step of
+    copying a batch on a virtual machine whose host hands memory out lazily).
+    """
+    row_bytes = max(variable.dim, 1) * variable.value_dtype.size
+    return max(1, min(LOAD_ROWS, LOAD_BYTES // row_bytes))
+
+
 def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) -> None:
     """Make an empty variable ready for ``rows`` restored rows, of which table shard ``i``
     receives ``shares[i]`` (see :func:`restore_shares`): grow its tables (its values and
@@ -387,7 +403,7 @@ def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) 
     tables = [variable, *variable.companions().values()]
     if any(int(table.size()) for table in tables):
         return
-    largest = even_sizes(rows, LOAD_ROWS)[0]  # the batches apply_rows loads
+    largest = even_sizes(rows, load_rows(variable))[0]  # the batches apply_rows loads
     per_shard = -(-largest // len(variable.shards))
     for table in tables:
         reserve_shards(table, shares)

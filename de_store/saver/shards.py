@@ -56,6 +56,8 @@ def schema_info(rows: VariableRows, shard_id: int) -> SchemaInfo:
 
 #: Rows gathered into bucket order at a time: whole buckets, about this many rows.
 GATHER_ROWS = 1 << 15
+#: Chunks gathered ahead of the one being written, each in its own thread.
+GATHER_AHEAD = 2
 
 
 def _bucketed_batches(
@@ -68,8 +70,9 @@ def _bucketed_batches(
     """Batches of one bucket each, at most ``buffer_size`` rows; ``out`` gets their buckets.
 
     Rows are gathered into bucket order a chunk of whole buckets at a time (one ``take``
-    per column and chunk, the next chunk in a helper thread while this one is written),
-    so the shard is never copied whole; each part is a zero-copy slice of its chunk.
+    per column and chunk, the next two chunks in helper threads while this one is
+    written), so the shard is never copied whole; each part is a zero-copy slice of its
+    chunk.
     """
     order = BucketOrder(shard.keys, key_dtype)
     chunks = order.chunks(GATHER_ROWS)
@@ -80,8 +83,9 @@ def _bucketed_batches(
         values = columns.pop(VALUE_COLUMN)
         return batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
 
-    # The next chunk is gathered (numpy's take releases the GIL) while this one is written.
-    gathered = map_ahead(gather, chunks, depth=1, name="gather")
+    # The next chunks are gathered (numpy's take releases the GIL) while this one is
+    # written: two threads, as a chunk's gather takes longer than its write.
+    gathered = map_ahead(gather, chunks, depth=GATHER_AHEAD, name="gather")
     for (first, last), batch in zip(chunks, gathered, strict=True):
         base = order.start(first)
         for bucket in range(first, last):

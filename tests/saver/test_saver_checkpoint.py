@@ -333,3 +333,34 @@ def test_restore_splits_rows_evenly_with_headroom_for_another_partitioner(
     assert reserved == [16_500] * 4
     assert compiled == [15_000] * 2  # half of the one load batch, not of the headroom
     assert content(restored) == content(var)
+
+
+def test_restore_loads_batches_of_at_most_load_bytes_of_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of 64 float32 (256 bytes) load 65,536 to a 16 MiB batch: 100,000 rows go in
+    two even batches, and the load compiled ahead is of that batch's size."""
+    from de_store.saver import rows
+    from de_store.tables.hash_table import HashTable
+
+    assert rows.LOAD_BYTES == 16 << 20
+    var = make_variable("emb", ds.FileSystemSaver(), dim=64)
+    var.upsert(tf.range(100_000, dtype=tf.int64), tf.random.uniform([100_000, 64], seed=3))
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=64)
+    loaded: list[int] = []
+    compiled: list[int] = []
+    original_load = HashTable.load_distinct
+
+    def load_distinct(table: HashTable, keys: tf.Tensor, values: tf.Tensor) -> None:
+        if keys.shape[0]:
+            loaded.append(int(keys.shape[0]))
+        original_load(table, keys, values)
+
+    monkeypatch.setattr(HashTable, "load_distinct", load_distinct)
+    monkeypatch.setattr(HashTable, "compile_load", lambda table, count: compiled.append(count))
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert loaded == [50_000, 50_000]
+    assert compiled == [50_000]
+    assert content(restored) == content(var)

@@ -164,7 +164,10 @@ def test_a_keys_bucket_names_its_table_shard_where_the_shard_count_divides_the_b
 
     from de_store.partition import default_partition_fn
 
-    numbers = np.random.default_rng(5).integers(-(2**62), 2**62, 20_000, dtype=np.int64)
+    extremes = np.array([-(2**63), -(2**63) + 1, -5041, -721, -1, 0, 2**63 - 2, 2**63 - 1])
+    numbers = np.concatenate(
+        [np.random.default_rng(5).integers(-(2**63), 2**63 - 1, 20_000, dtype=np.int64), extremes]
+    )
     keys = numbers if key_dtype == "int64" else tf.strings.as_string(numbers).numpy()
     for buckets in (12, 720, 5040):
         bucket = key_hash_mod(keys, buckets, key_dtype)
