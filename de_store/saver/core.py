@@ -5,7 +5,10 @@ Save (every rank):  rows (all, or a delta + tombstones) -> bucketed shard files 
                     -> rank 0: merge manifests -> commit;  others: wait for commit.
 Restore (any rank): committed manifest -> its chain (full + deltas) -> parts that can hold
                     this rank's keys -> rows (checksums verified) of every link
-                    -> only then replace the tables' content and apply the deltas in order.
+                    -> only then replace the tables' content and apply the deltas in order
+                    (an empty variable that one process restores from a full checkpoint
+                    loads its rows as they are read, and is emptied again on any failure:
+                    :mod:`de_store.saver.streamed`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from de_store.saver.rows import (
     grow_for_restore,
     restore_shares,
 )
+from de_store.saver.streamed import load_while_reading, streams
 from de_store.saver.topology import Topology
 
 #: Launch variables naming the job, tried in order when no ``job_id`` is given.
@@ -508,6 +512,11 @@ def restore_checkpoint(
     link holds a key twice is found while the rows are loaded, after the table was
     emptied: that variable is left empty.
 
+    A variable that holds nothing, restored by one process from a full checkpoint, loads
+    its rows while they are read (:mod:`de_store.saver.streamed`); when that fails it is
+    emptied and its rows are read whole, with retries, like the others'. When the restore
+    fails, every variable loaded that way is emptied again: as it was.
+
     ``check_manifest`` is called with the manifest before anything else is read (the TF
     hook checks there that it is bound to the TF checkpoint being restored).
 
@@ -530,24 +539,48 @@ def restore_checkpoint(
     # Empty variables grow for their rows while the shards are read (rows.grow_for_restore)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="de_store-grow") as pool:
         parts = [_parts_to_read(chain, topology) for chain in chains]
+        counts = [sum(rows for *_, rows in p) for p in parts]
         shares = [restore_shares(v, p) for v, p in zip(variables, parts, strict=True)]
+        # before the growing starts: it makes the tables of an empty variable hold room
+        stream = [streams(v, c, topology.proc_size) for v, c in zip(variables, chains, strict=True)]
         growing = [
-            pool.submit(grow_for_restore, v, sum(rows for *_, rows in p), s)
-            for v, p, s in zip(variables, parts, shares, strict=True)
+            pool.submit(grow_for_restore, v, n, s)
+            for v, n, s in zip(variables, counts, shares, strict=True)
         ]
-        with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
-            loaded = [
-                [_read_link(backend.sub(at), e, topology, options, bar) for at, _, e in chain]
-                for chain in chains
-            ]
-        for grown in growing:
-            grown.result()
-    for variable, chain, links, share in zip(variables, chains, loaded, shares, strict=True):
+        streamed: list[RestoredVariable] = []
+        try:
+            with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
+                loaded = [
+                    _read_chain(backend, chain, topology, options, bar) if not s else []
+                    for chain, s in zip(chains, stream, strict=True)
+                ]
+                for i, variable in enumerate(variables):
+                    if not stream[i]:
+                        continue
+                    at, _, entry = chains[i][0]
+                    if load_while_reading(variable, backend.sub(at), entry, counts[i], shares[i],
+                                          ready=growing[i].result,
+                                          buffer_size=options.buffer_size, bar=bar):  # fmt: skip
+                        streamed.append(variable)
+                    else:  # read it whole: retried, or its damage reported
+                        stream[i] = False
+                        loaded[i] = _read_chain(backend, chains[i], topology, options, bar)
+            for grown in growing:
+                grown.result()
+        except BaseException:
+            for variable in streamed:  # they held nothing: all or nothing
+                variable.clear()
+            raise
+    for variable, chain, links, share, s in zip(
+        variables, chains, loaded, shares, stream, strict=True
+    ):
         entries = [entry for *_, entry in chain]
         folders = [f"{backend.url.rstrip('/')}/{link}" for link, *_ in chain]
-        _apply_chain(variable, entries, links, folders, share)
+        if not s:
+            _apply_chain(variable, entries, links, folders, share)
         incremental.record_restore(variable, where, manifest, entries)
     rows = sum(r.rows for links in loaded for link_rows, _ in links for _, r in link_rows)
+    rows += sum(n for n, s in zip(counts, stream, strict=True) if s)
     size = sum(entry.bytes for chain in chains for *_, entry in chain)
     events.restored(where, topology, rows, max(map(len, chains), default=0), size, start)
     return manifest
@@ -621,6 +654,13 @@ def _refuse_repeated(
     raise CheckpointCorruptError(
         f"variable {variable.name!r}: checkpoint {folder} is damaged: {detail}{emptied}"
     )
+
+
+def _read_chain(
+    backend: Backend, chain: list[Link], topology: Topology, options: IOOptions, bar: Progress
+) -> list[tuple[list[FileRows], list[FileRows]]]:
+    """This rank's rows and removed keys of every link of a chain, in order."""
+    return [_read_link(backend.sub(at), entry, topology, options, bar) for at, _, entry in chain]
 
 
 def _read_link(

@@ -320,19 +320,26 @@ def check_compatible(variable: SavedVariable, entry: VariableEntry, where: str) 
 def apply_rows(
     variable: SavedVariable,
     specs: dict[str, ColumnSpec],
-    batches: Sequence[ShardRows],
+    batches: Iterable[ShardRows],
     reserve: int | Sequence[int] = 0,
+    rows: int | None = None,
 ) -> None:
     """Replace the variable's content (and companions') with the restored rows; grow the
     tables first: each shard for its entry of ``reserve`` (rows per table shard, see
     :func:`restore_shares`), or for an even share of ``reserve`` rows (at least the rows
     given).
 
+    ``rows``, the number of rows ``batches`` holds, lets them be a stream, loaded as they
+    come (the load batches are sized from it); without it they are counted first.
+
     The rows are bulk-loaded (``load_distinct``): a key given twice raises
     :class:`~de_store.errors.RepeatedKeysError` (on cores that detect it).
     """
     targets = _targets(variable, specs)
-    given = sum(batch.rows for batch in batches)
+    if rows is None:
+        batches = list(batches)
+        rows = sum(batch.rows for batch in batches)
+    given = rows
     if isinstance(reserve, int):
         reserve = even_shares(len(variable.shards), max(reserve, given))
     variable.clear()  # companions too

@@ -1,0 +1,162 @@
+"""A restore that loads an empty variable's rows while its shards are still being read.
+
+A restore reads and checks every part before it replaces a table's content, so that a
+damaged checkpoint leaves the variable as it was. For a variable that holds nothing
+(what a fresh process restores into), "as it was" is empty: its rows can be loaded as
+they arrive, and a failure empties it again. The reading then overlaps the loading, and
+the read buffers are reused instead of the whole shard being held in new memory at once.
+
+This path is taken where the rows read are exactly the rows loaded: one process
+(``proc_size == 1``), a full checkpoint (no chain of deltas), a variable whose tables
+and companions are all empty. Anything that goes wrong while streaming (a damaged part,
+a storage error, a key held twice) empties the variable and hands the link back to the
+restore's read-everything-first path, which retries, loads, or reports the damage as
+it always does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from de_store.backends.base import Backend
+from de_store.progress import Progress
+from de_store.saver import shards
+from de_store.saver.manifest import VariableEntry
+from de_store.saver.rows import apply_rows
+from de_store.saver.variable_rows import ShardRows
+
+T = TypeVar("T")
+
+#: Bytes of rows read ahead of the load at most (the read buffers of that much are reused).
+READ_AHEAD_BYTES = 256 << 20
+
+
+def rows_bytes(rows: ShardRows) -> int:
+    """Bytes of the arrays of ``rows`` (object arrays count their pointers)."""
+    return rows.keys.nbytes + sum(column.nbytes for column in rows.columns.values())
+
+
+def read_ahead(items: Iterable[T], limit: int, size: Any, name: str) -> Generator[T, None, None]:
+    """``items`` in order, produced by a helper thread (``de_store-{name}``) at most
+    ``limit`` bytes (``size(item)``) ahead of the caller; one item always fits.
+
+    An error of the producer is raised to the caller after the items produced before it.
+    Closing the iterator early stops the producer after its current item and waits for
+    it, closing ``items``.
+    """
+    cond = threading.Condition()
+    queue: deque[tuple[T, int]] = deque()
+    held = 0
+    finished = stopped = False
+    failure: BaseException | None = None
+
+    def produce() -> None:
+        nonlocal held, finished, failure
+        source = iter(items)
+        try:
+            for item in source:
+                nbytes = size(item)
+                with cond:
+                    while not (stopped or not queue or held + nbytes <= limit):
+                        cond.wait()
+                    if stopped:
+                        return
+                    queue.append((item, nbytes))
+                    held += nbytes
+                    cond.notify_all()
+        except BaseException as err:  # handed to the consumer
+            failure = err
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+            with cond:
+                finished = True
+                cond.notify_all()
+
+    thread = threading.Thread(target=produce, name=f"de_store-{name}", daemon=True)
+    thread.start()
+    try:
+        while True:
+            with cond:
+                cond.wait_for(lambda: queue or finished)
+                if not queue:
+                    if failure is not None:
+                        raise failure
+                    return
+                item, nbytes = queue.popleft()
+                held -= nbytes
+                cond.notify_all()
+            yield item
+    finally:
+        with cond:
+            stopped = True
+            queue.clear()
+            cond.notify_all()
+        thread.join()
+
+
+def streams(variable: Any, chain: list[Any], proc_size: int) -> bool:
+    """Whether ``variable``'s rows of ``chain`` (links ``(folder, manifest, entry)``)
+    can be loaded while they are read: see the module's docstring."""
+    if proc_size != 1 or len(chain) != 1 or chain[0][2].removed:
+        return False
+    tables = [variable, *variable.companions().values()]
+    return all(int(table.size()) == 0 for table in tables)
+
+
+def load_while_reading(
+    variable: Any,
+    folder: Backend,
+    entry: VariableEntry,
+    rows: int,
+    shares: Sequence[int],
+    *,
+    ready: Callable[[], object],
+    buffer_size: int,
+    bar: Progress,
+) -> bool:
+    """Load the ``rows`` rows of ``entry`` (shard files under ``folder``) into the empty
+    ``variable`` while they are read; ``ready()`` returns once its tables were grown
+    (``rows.grow_for_restore``), the reading starts before.
+
+    Returns False, the variable emptied again, when anything failed (the error is not
+    raised: the caller reads the link the other way, which retries or reports it).
+    """
+    batches = read_ahead(
+        _read_entry(folder, entry, buffer_size), READ_AHEAD_BYTES, rows_bytes, "stream"
+    )
+    try:
+        ready()
+        with variable.exclusive():
+            try:
+                apply_rows(variable, entry.columns, _counted(batches, bar), shares, rows=rows)
+                if int(variable.size()) == rows:  # else a key was held twice
+                    return True
+            except Exception:  # the other path retries or reports it
+                pass
+            except BaseException:
+                variable.clear()
+                raise
+            variable.clear()
+            return False
+    finally:
+        batches.close()
+
+
+def _read_entry(folder: Backend, entry: VariableEntry, buffer_size: int) -> Iterator[ShardRows]:
+    for record in entry.shards:
+        parts = shards.parts_for_rank(record, 0, 1)
+        if parts:
+            yield from shards.read_shard_rows(
+                folder, record, parts, buffer_size=buffer_size, key_dtype=entry.key_dtype
+            )
+
+
+def _counted(batches: Iterable[ShardRows], bar: Progress) -> Iterator[ShardRows]:
+    for batch in batches:
+        bar.update(batch.rows)
+        yield batch

@@ -1,0 +1,179 @@
+"""A restore into an empty variable loads its rows while the shards are still read.
+
+The loads start before the last part is read; a damaged part, a key held twice or two
+variables of which the second cannot be read leave every variable empty, as it was; a
+variable that holds keys is replaced only after every part was read. ``read_ahead``
+keeps its order, its bound and the producer's error.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from saver_helpers import content, make_variable
+
+import de_store as ds
+from de_store.errors import CheckpointCorruptError, ChecksumError
+from de_store.saver import shards, streamed
+from de_store.tables.hash_table import HashTable
+
+ROWS = 200_000  # dim 64: batches of 65,536 rows at most, so 4 load batches
+
+
+def saved(tmp_path: Path, name: str = "emb") -> tuple[ds.Variable, str]:
+    var = make_variable(name, ds.FileSystemSaver(buffer_size=4096), dim=64)
+    var.upsert(tf.range(ROWS, dtype=tf.int64) * 7, tf.random.uniform([ROWS, 64], seed=1))
+    return var, tf.train.Checkpoint(**{name: var}).write(str(tmp_path / "ckpt"))
+
+
+def record_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``"read"`` for each batch of rows read, ``"load"`` for each batch loaded, in order."""
+    steps: list[str] = []
+    lock = threading.Lock()
+    read_rows = shards.read_shard_rows
+
+    def reading(*args, **kwargs):
+        for rows in read_rows(*args, **kwargs):
+            with lock:
+                steps.append("read")
+            yield rows
+
+    original = HashTable.load_distinct
+
+    def load_distinct(table: HashTable, keys: tf.Tensor, values: tf.Tensor) -> None:
+        if keys.shape[0]:
+            with lock:
+                steps.append("load")
+        original(table, keys, values)
+
+    monkeypatch.setattr(shards, "read_shard_rows", reading)
+    monkeypatch.setattr(HashTable, "load_distinct", load_distinct)
+    return steps
+
+
+def test_an_empty_variable_loads_before_the_last_part_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    var, prefix = saved(tmp_path)
+    monkeypatch.setattr(streamed, "READ_AHEAD_BYTES", 1 << 20)  # four parts ahead at most
+    steps = record_steps(monkeypatch)
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=64)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert steps.count("load") == 4
+    assert steps.index("load") < len(steps) - 1 - steps[::-1].index("read")
+    assert content(restored) == content(var)
+
+
+def test_a_variable_holding_keys_is_replaced_after_every_part_was_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    var, prefix = saved(tmp_path)
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=64)
+    restored.upsert(tf.constant([-1], tf.int64), tf.ones([1, 64]))
+    steps = record_steps(monkeypatch)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert steps.index("load") > len(steps) - 1 - steps[::-1].index("read")
+    assert content(restored) == content(var)
+
+
+def damage_a_part(tmp_path: Path, name: str) -> Path:
+    """Flip one byte in the middle of ``name``'s shard file (a part's data)."""
+    (path,) = (tmp_path / "de_store").rglob(f"{name}/*.parquet")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_damaged_part_leaves_the_variable_empty_and_names_the_file(tmp_path: Path) -> None:
+    _, prefix = saved(tmp_path)
+    path = damage_a_part(tmp_path, "emb")
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=64)
+    with pytest.raises(ChecksumError, match=f"crc32c mismatch in part .* of .*{path.name}"):
+        tf.train.Checkpoint(emb=restored).read(prefix)
+    assert int(restored.size()) == 0
+
+
+def test_a_variable_streamed_before_another_fails_to_read_is_emptied(tmp_path: Path) -> None:
+    """All or nothing over the variables of one restore: the first is loaded while read,
+    the second's file is damaged, and the first holds nothing afterwards."""
+    first = make_variable("a", ds.FileSystemSaver(buffer_size=4096), dim=64)
+    second = make_variable("b", ds.FileSystemSaver(buffer_size=4096), dim=64)
+    keys = tf.range(ROWS, dtype=tf.int64)
+    for var in (first, second):
+        var.upsert(keys, tf.random.uniform([ROWS, 64], seed=2))
+    prefix = tf.train.Checkpoint(a=first, b=second).write(str(tmp_path / "ckpt"))
+    path = damage_a_part(tmp_path, "b")
+    into = [make_variable(n, ds.FileSystemSaver(), dim=64) for n in ("a", "b")]
+    with pytest.raises(ChecksumError, match=path.name):
+        tf.train.Checkpoint(a=into[0], b=into[1]).read(prefix)
+    assert [int(var.size()) for var in into] == [0, 0]
+
+
+def test_a_key_held_twice_empties_the_variable_and_names_both_files(tmp_path: Path) -> None:
+    """Two table shards saved with the same key (a forged checkpoint): the stream loads
+    one row fewer than the manifest counts; the restore reads the rows again and names
+    the key and its files."""
+    var = make_variable("emb", ds.FileSystemSaver(), shards=2)
+    var.upsert(tf.range(1000, dtype=tf.int64), tf.ones([1000, 4]))
+    twin = var.shards[1]
+    key = int(var.shards[0].export_all()[0][0])
+    twin.insert(tf.constant([key], tf.int64), tf.zeros([1, 4]))  # behind the partitioner
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    restored = make_variable("emb", ds.FileSystemSaver(), shards=2)
+    with pytest.raises(CheckpointCorruptError, match=f"key {key} is held 2 times"):
+        tf.train.Checkpoint(emb=restored).read(prefix)
+    assert int(restored.size()) == 0
+
+
+# --- read_ahead --------------------------------------------------------------------------
+def test_read_ahead_keeps_order_and_its_bound() -> None:
+    held = []
+    produced = threading.Semaphore(0)
+
+    def items():
+        for i in range(20):
+            held.append(i)
+            produced.release()
+            yield np.full(10, i, np.int64)  # 80 bytes each
+
+    out = []
+    ahead = streamed.read_ahead(items(), 250, lambda a: a.nbytes, "test")
+    for array in ahead:
+        produced.acquire(timeout=5)  # this item's production
+        out.append(int(array[0]))
+        # at most three items of 80 bytes are queued beyond the one in hand
+        assert len(held) - len(out) <= 3
+    assert out == list(range(20))
+
+
+def test_read_ahead_raises_the_producers_error_after_its_items() -> None:
+    def items():
+        yield 1
+        yield 2
+        raise OSError("disk gone")
+
+    ahead = streamed.read_ahead(items(), 100, lambda _: 1, "test")
+    assert [next(ahead), next(ahead)] == [1, 2]
+    with pytest.raises(OSError, match="disk gone"):
+        next(ahead)
+
+
+def test_closing_read_ahead_early_stops_and_closes_the_producer() -> None:
+    closed = threading.Event()
+
+    def items():
+        try:
+            yield from range(1000)
+        finally:
+            closed.set()
+
+    ahead = streamed.read_ahead(items(), 10, lambda _: 1, "test")
+    assert next(ahead) == 0
+    ahead.close()
+    assert closed.is_set()
+    assert not [t for t in threading.enumerate() if t.name == "de_store-test"]
