@@ -355,10 +355,18 @@ class Variable(tf.Module):
         return grouped(ops)
 
     @_exclusive
-    def load_distinct(self, keys: Any, values: Any) -> None:
+    def load_distinct(self, keys: Any, values: Any, shard: int | None = None) -> None:
         """Bulk-insert keys absent from every shard and distinct (a restore's rows); see
-        ``TableCore.load_distinct``. On ``RepeatedKeysError`` clear the variable."""
+        ``TableCore.load_distinct``. On ``RepeatedKeysError`` clear the variable.
+
+        With ``shard``, every key belongs to that table shard (the caller computed where
+        the partitioner sends them) and the rows go there unsplit.
+        """
         values = self._rows(values)
+        if shard is not None:
+            with tf.device(self.devices[shard]):
+                self._shards[shard].load_distinct(self._flat_keys(keys), values)
+            return
         for shard, device, (shard_keys, shard_pos) in zip(
             self._shards, self.devices, self.partition(keys), strict=True
         ):

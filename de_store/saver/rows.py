@@ -19,12 +19,14 @@ import numpy as np
 
 from de_store.errors import CheckpointError
 from de_store.saver._lazy_tf import tf
+from de_store.saver.buckets import key_hash_mod
 from de_store.saver.manifest import ColumnSpec, VariableEntry
 from de_store.saver.variable_rows import (
     TF_ALIGNMENT,
     VALUE_COLUMN,
     ChangeBase,
     DeviceShardRows,
+    EvenBatches,
     PendingShardRows,
     RowsOf,
     ShardRows,
@@ -82,7 +84,9 @@ class SavedVariable(Protocol):
     def size(self) -> tf.Tensor: ...
     def remove(self, keys: tf.Tensor) -> None: ...
     def upsert(self, keys: tf.Tensor, values: tf.Tensor) -> None: ...
-    def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> None: ...
+    def load_distinct(
+        self, keys: tf.Tensor, values: tf.Tensor, shard: int | None = None
+    ) -> None: ...
 
 
 #: Rows per upsert on restore: large enough to amortise the per-call cost, small enough
@@ -346,10 +350,66 @@ def apply_rows(
     for target in targets.values():
         reserve_shards(target, reserve)
     # a checkpoint holds each key once
+    if routes_by_hash(variable):
+        _load_by_shard(variable, targets, batches, reserve)
+        return
     for batch in even_batches(batches, given, load_rows(variable)):
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
             target.load_distinct(keys, to_tensor(batch.columns[column]))
+
+
+def routes_by_hash(variable: SavedVariable) -> bool:
+    """Whether a restore sends rows to ``variable``'s table shards itself: several shards
+    and ``default_partition_fn``, whose shard of a key (``floormod(hash(key), shards)``)
+    numpy computes without TensorFlow's partition and gather."""
+    from de_store.partition import default_partition_fn
+
+    partitioner = getattr(variable, "partitioner", None)
+    return len(variable.shards) > 1 and partitioner is default_partition_fn
+
+
+def _load_by_shard(
+    variable: SavedVariable,
+    targets: dict[str, SavedVariable],
+    batches: Iterable[ShardRows],
+    shares: Sequence[int],
+) -> None:
+    """Bulk-load ``batches`` shard by shard: each key's shard from its hash, each shard's
+    rows in even batches of its share (what ``grow_for_restore`` compiled).
+
+    The rows of a part are one key bucket, so with a shard count dividing the bucket
+    count a whole batch usually goes to one shard; any other batch is split.
+    """
+    count = len(variable.shards)
+    most = load_rows(variable)
+    regrouped = [EvenBatches(max(share, 1), most) for share in shares]
+
+    def load(shard: int, batch: ShardRows) -> None:
+        keys = to_tensor(batch.keys)
+        for column, target in targets.items():
+            target.load_distinct(keys, to_tensor(batch.columns[column]), shard=shard)
+
+    for batch in batches:
+        if not batch.rows:
+            continue
+        owner = key_hash_mod(batch.keys, count, variable.key_dtype.name)
+        if (owner == owner[0]).all():
+            pieces = [(int(owner[0]), batch)]
+        else:
+            pieces = [
+                (shard, _rows_at(batch, np.flatnonzero(owner == shard))) for shard in range(count)
+            ]
+        for shard, piece in pieces:
+            for full in regrouped[shard].add(piece):
+                load(shard, full)
+    for shard, rest in enumerate(regrouped):
+        for last in rest.finish():
+            load(shard, last)
+
+
+def _rows_at(batch: ShardRows, rows: np.ndarray) -> ShardRows:
+    return ShardRows(batch.keys[rows], {name: c[rows] for name, c in batch.columns.items()})
 
 
 def apply_delta(
@@ -410,16 +470,19 @@ def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) 
     tables = [variable, *variable.companions().values()]
     if any(int(table.size()) for table in tables):
         return
-    largest = even_sizes(rows, load_rows(variable))[0]  # the batches apply_rows loads
-    per_shard = -(-largest // len(variable.shards))
+    most = load_rows(variable)
+    if routes_by_hash(variable):  # the batches apply_rows loads into each shard
+        batch_rows = [even_sizes(max(share, 1), most)[0] for share in shares]
+    else:  # the batches apply_rows loads, split over the shards
+        batch_rows = [-(-even_sizes(rows, most)[0] // len(variable.shards))] * len(shares)
     for table in tables:
         reserve_shards(table, shares)
         keys = tf.zeros([0], table.key_dtype)
         table.load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype))
-        for shard, device in zip(table.shards, table.devices, strict=True):
+        for shard, device, count in zip(table.shards, table.devices, batch_rows, strict=True):
             if hasattr(shard, "compile_load"):
                 with tf.device(device):
-                    shard.compile_load(per_shard)
+                    shard.compile_load(count)
 
 
 def restore_shares(variable: SavedVariable, parts: Iterable[tuple[int, int, int]]) -> list[int]:

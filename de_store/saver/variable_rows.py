@@ -194,20 +194,40 @@ def even_batches(batches: Iterable[ShardRows], total: int, most: int) -> Iterato
     A bulk load compiles its first probe rounds for each batch size class (a restore's
     last, shorter batch would compile once more): equal batches share one.
     """
-    sizes = iter(even_sizes(total, most))
-    pending: list[ShardRows] = []
-    held, wanted = 0, next(sizes)
+    regrouped = EvenBatches(total, most)
     for batch in batches:
+        yield from regrouped.add(batch)
+    yield from regrouped.finish()
+
+
+class EvenBatches:
+    """:func:`even_batches` fed one batch at a time: :meth:`add` returns the batches
+    completed, :meth:`finish` the rest (rows beyond ``total`` go in batches of ``most``)."""
+
+    def __init__(self, total: int, most: int) -> None:
+        self._sizes = iter(even_sizes(total, most))
+        self._most = most
+        self._pending: list[ShardRows] = []
+        self._held = 0
+        self._wanted = next(self._sizes)
+
+    def add(self, batch: ShardRows) -> list[ShardRows]:
+        done = []
         start = 0
         while start < batch.rows:
-            take = min(wanted - held, batch.rows - start)
-            pending.append(_slice(batch, start, start + take))
-            held, start = held + take, start + take
-            if held == wanted:
-                yield _concat(pending)
-                pending, held, wanted = [], 0, next(sizes, most)
-    if pending:
-        yield _concat(pending)
+            take = min(self._wanted - self._held, batch.rows - start)
+            self._pending.append(_slice(batch, start, start + take))
+            self._held, start = self._held + take, start + take
+            if self._held == self._wanted:
+                done.append(_concat(self._pending))
+                self._pending, self._held = [], 0
+                self._wanted = next(self._sizes, self._most)
+        return done
+
+    def finish(self) -> list[ShardRows]:
+        done = [_concat(self._pending)] if self._pending else []
+        self._pending, self._held = [], 0
+        return done
 
 
 def even_sizes(total: int, most: int) -> list[int]:

@@ -292,7 +292,18 @@ def test_restore_grows_each_table_shard_once_for_exactly_its_rows(
         reserved.append((table.name, count))
         original(table, count)
 
+    loaded: list[tuple[str, int]] = []
+    original_load = HashTable.load_distinct
+
+    def load_distinct(table: HashTable, keys: tf.Tensor, values: tf.Tensor) -> None:
+        if keys.shape[0]:
+            loaded.append((table.name, int(keys.shape[0])))
+        original_load(table, keys, values)
+
+    compiled: list[tuple[str, int]] = []
     monkeypatch.setattr(HashTable, "reserve", reserve)
+    monkeypatch.setattr(HashTable, "load_distinct", load_distinct)
+    monkeypatch.setattr(HashTable, "compile_load", lambda t, n: compiled.append((t.name, n)))
     tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
     for variable in (restored, restored.companions()["adam_m"]):
         sizes = [int(variable.size(index)) for index in range(shards)]
@@ -301,66 +312,24 @@ def test_restore_grows_each_table_shard_once_for_exactly_its_rows(
         grown = [count for name, count in reserved if name in names]
         assert grown[:shards] == sizes  # in the restore's helper thread, while reading
         assert grown[shards:] == sizes  # after the clear: room kept, nothing grows
+        # each shard's rows sent to it whole, in one batch, compiled for ahead
+        assert [count for name, count in loaded if name in names] == sizes
+        assert [count for name, count in compiled if name in names] == sizes
+    assert content(restored) == content(var)
 
 
-def test_restore_splits_rows_evenly_with_headroom_for_another_partitioner(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A partitioner of the user's own says nothing about buckets: each table shard grows
-    for an even share of the rows and 10% more; the load batches are those of the rows."""
-    from de_store.partition import default_partition_fn
-    from de_store.tables.hash_table import HashTable
-
+def test_restore_splits_batches_whose_keys_belong_to_several_shards(tmp_path: Path) -> None:
+    """Three table shards do not divide the 4 key buckets of 10,000 rows: a part's keys
+    belong to several shards, and each goes to its own."""
     var = make_variable("emb", ds.FileSystemSaver())
-    var.upsert(tf.range(30_000, dtype=tf.int64), tf.ones([30_000, 4]))
+    var.upsert(tf.range(-4_000, 6_000, dtype=tf.int64), tf.random.uniform([10_000, 4]))
     prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    from de_store.saver.buckets import choose_num_buckets
 
-    def shifted(keys: tf.Tensor, shard_num: int) -> tf.Tensor:
-        return default_partition_fn(keys + 1, shard_num)
-
-    restored = make_variable("emb", ds.FileSystemSaver(), shards=2, partitioner=shifted)
-    reserved: list[int] = []
-    original = HashTable.reserve
-
-    def reserve(table: HashTable, count: int) -> None:
-        reserved.append(count)
-        original(table, count)
-
-    compiled: list[int] = []
-    monkeypatch.setattr(HashTable, "reserve", reserve)
-    monkeypatch.setattr(HashTable, "compile_load", lambda table, count: compiled.append(count))
+    assert choose_num_buckets(10_000) == 4
+    restored = make_variable("emb", ds.FileSystemSaver(), shards=3)
     tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
-    assert reserved == [16_500] * 4
-    assert compiled == [15_000] * 2  # half of the one load batch, not of the headroom
     assert content(restored) == content(var)
-
-
-def test_restore_loads_batches_of_at_most_load_bytes_of_values(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rows of 64 float32 (256 bytes) load 65,536 to a 16 MiB batch: 100,000 rows go in
-    two even batches, and the load compiled ahead is of that batch's size."""
-    from de_store.saver import rows
-    from de_store.tables.hash_table import HashTable
-
-    assert rows.LOAD_BYTES == 16 << 20
-    var = make_variable("emb", ds.FileSystemSaver(), dim=64)
-    var.upsert(tf.range(100_000, dtype=tf.int64), tf.random.uniform([100_000, 64], seed=3))
-    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
-
-    restored = make_variable("emb", ds.FileSystemSaver(), dim=64)
-    loaded: list[int] = []
-    compiled: list[int] = []
-    original_load = HashTable.load_distinct
-
-    def load_distinct(table: HashTable, keys: tf.Tensor, values: tf.Tensor) -> None:
-        if keys.shape[0]:
-            loaded.append(int(keys.shape[0]))
-        original_load(table, keys, values)
-
-    monkeypatch.setattr(HashTable, "load_distinct", load_distinct)
-    monkeypatch.setattr(HashTable, "compile_load", lambda table, count: compiled.append(count))
-    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
-    assert loaded == [50_000, 50_000]
-    assert compiled == [50_000]
-    assert content(restored) == content(var)
+    for index, shard in enumerate(restored.shards):
+        keys = shard.export_all()[0].numpy()
+        assert len(keys) and (np.mod(keys, 3) == index).all()
