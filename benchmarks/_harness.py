@@ -102,10 +102,11 @@ def bucket_reorder(keys: int, dim: int) -> float:
     for that many rows), Arrow's stable counting sort of the buckets, and one ``take`` of
     the keys and one of the values (making the rows is not timed). With ``raw_write``,
     the floor of a save that writes its rows grouped by bucket."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from de_store.saver.buckets import choose_num_buckets, int_floormod  # numpy only
+    from de_store.saver.buckets import (  # numpy and Arrow only
+        choose_num_buckets,
+        int_floormod,
+        stable_order,
+    )
 
     batches = list(rows(keys, dim))
     all_keys = np.concatenate([k for k, _ in batches])
@@ -113,7 +114,7 @@ def bucket_reorder(keys: int, dim: int) -> float:
     del batches
     start = time.perf_counter()
     buckets = int_floormod(all_keys, choose_num_buckets(keys))
-    order = pc.array_sort_indices(pa.array(buckets)).to_numpy()
+    order = stable_order(buckets)
     np.take(all_keys, order)
     np.take(all_values, order, axis=0)
     return time.perf_counter() - start

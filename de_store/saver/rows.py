@@ -35,6 +35,7 @@ from de_store.saver.variable_rows import (
     coalesce,
     even_batches,
     even_sizes,
+    rows_where,
 )
 
 if TYPE_CHECKING:
@@ -343,9 +344,8 @@ def apply_rows(
     if rows is None:
         batches = list(batches)
         rows = sum(batch.rows for batch in batches)
-    given = rows
     if isinstance(reserve, int):
-        reserve = even_shares(len(variable.shards), max(reserve, given))
+        reserve = even_shares(len(variable.shards), max(reserve, rows))
     variable.clear()  # companions too
     for target in targets.values():
         reserve_shards(target, reserve)
@@ -353,7 +353,7 @@ def apply_rows(
     if routes_by_hash(variable):
         _load_by_shard(variable, targets, batches, reserve)
         return
-    for batch in even_batches(batches, given, load_rows(variable)):
+    for batch in even_batches(batches, rows, load_rows(variable)):
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
             target.load_distinct(keys, to_tensor(batch.columns[column]))
@@ -397,19 +397,13 @@ def _load_by_shard(
         if (owner == owner[0]).all():
             pieces = [(int(owner[0]), batch)]
         else:
-            pieces = [
-                (shard, _rows_at(batch, np.flatnonzero(owner == shard))) for shard in range(count)
-            ]
+            pieces = [(shard, rows_where(batch, owner == shard)) for shard in range(count)]
         for shard, piece in pieces:
             for full in regrouped[shard].add(piece):
                 load(shard, full)
     for shard, rest in enumerate(regrouped):
         for last in rest.finish():
             load(shard, last)
-
-
-def _rows_at(batch: ShardRows, rows: np.ndarray) -> ShardRows:
-    return ShardRows(batch.keys[rows], {name: c[rows] for name, c in batch.columns.items()})
 
 
 def apply_delta(
@@ -494,12 +488,9 @@ def restore_shares(variable: SavedVariable, parts: Iterable[tuple[int, int, int]
     the shard count divides ``num_buckets``, so every row of bucket ``b`` goes to shard
     ``b mod shards``. Otherwise an even split with ``RESERVE_SLACK`` headroom.
     """
-    from de_store.partition import default_partition_fn
-
     count = len(variable.shards)
     parts = list(parts)
-    routed = getattr(variable, "partitioner", None) is default_partition_fn
-    if count == 1 or not routed or any(buckets % count for buckets, _, _ in parts):
+    if not routes_by_hash(variable) or any(buckets % count for buckets, _, _ in parts):
         return even_shares(count, sum(rows for *_, rows in parts))
     shares = [0] * count
     for _, bucket, rows in parts:

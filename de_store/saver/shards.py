@@ -32,6 +32,7 @@ from de_store.saver.variable_rows import (
     ShardRows,
     SnapshotRows,
     VariableRows,
+    rows_where,
 )
 
 #: The value column of a tombstone shard: formats need one; it holds zeros.
@@ -261,8 +262,4 @@ def read_shard_rows(
         folder, record, parts, buffer_size=buffer_size, key_dtype=key_dtype, proc_size=proc_size
     ):
         rows = ShardRows(keys, {VALUE_COLUMN: values, **extras})
-        yield rows if ranks is None else _rows_where(rows, ranks == proc_rank)
-
-
-def _rows_where(rows: ShardRows, keep: np.ndarray) -> ShardRows:
-    return ShardRows(rows.keys[keep], {n: c[keep] for n, c in rows.columns.items()})
+        yield rows if ranks is None else rows_where(rows, ranks == proc_rank)

@@ -237,6 +237,11 @@ def even_sizes(total: int, most: int) -> list[int]:
     return [total // count + (i < total % count) for i in range(count)]
 
 
+def rows_where(rows: ShardRows, keep: np.ndarray) -> ShardRows:
+    """The rows of ``rows`` that the boolean mask ``keep`` selects, every column alike."""
+    return ShardRows(rows.keys[keep], {n: c[keep] for n, c in rows.columns.items()})
+
+
 def _slice(batch: ShardRows, start: int, end: int) -> ShardRows:
     if (start, end) == (0, batch.rows):
         return batch
