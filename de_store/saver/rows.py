@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -469,14 +470,33 @@ def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) 
         batch_rows = [even_sizes(max(share, 1), most)[0] for share in shares]
     else:  # the batches apply_rows loads, split over the shards
         batch_rows = [-(-even_sizes(rows, most)[0] // len(variable.shards))] * len(shares)
-    for table in tables:
-        reserve_shards(table, shares)
-        keys = tf.zeros([0], table.key_dtype)
-        table.load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype))
-        for shard, device, count in zip(table.shards, table.devices, batch_rows, strict=True):
-            if hasattr(shard, "compile_load"):
-                with tf.device(device):
-                    shard.compile_load(count)
+
+    def prepare(shard: int) -> None:
+        for table in tables:
+            _prepare_shard(table, shard, shares[shard], batch_rows[shard])
+
+    # Each shard's device instantiates its own kernels (mostly outside the GIL): the
+    # shards are prepared side by side.
+    if len(shares) == 1:
+        prepare(0)
+        return
+    with ThreadPoolExecutor(len(shares), thread_name_prefix="de_store-grow") as pool:
+        for done in [pool.submit(prepare, shard) for shard in range(len(shares))]:
+            done.result()
+
+
+def _prepare_shard(table: SavedVariable, shard: int, share: int, batch_rows: int) -> None:
+    """Grow shard ``shard`` of ``table`` for ``share`` rows, run its bulk load once on no
+    rows and compile its load of ``batch_rows`` keys (see :func:`grow_for_restore`)."""
+    core = table.shards[shard]
+    with tf.device(table.devices[shard]):
+        if hasattr(core, "reserve"):
+            core.reserve(share)
+    keys = tf.zeros([0], table.key_dtype)
+    table.load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype), shard=shard)
+    if hasattr(core, "compile_load"):
+        with tf.device(table.devices[shard]):
+            core.compile_load(batch_rows)
 
 
 def restore_shares(variable: SavedVariable, parts: Iterable[tuple[int, int, int]]) -> list[int]:

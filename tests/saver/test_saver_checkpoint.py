@@ -308,13 +308,13 @@ def test_restore_grows_each_table_shard_once_for_exactly_its_rows(
     for variable in (restored, restored.companions()["adam_m"]):
         sizes = [int(variable.size(index)) for index in range(shards)]
         assert sum(sizes) == len(keys)
-        names = [shard.name for shard in variable.shards]
-        grown = [count for name, count in reserved if name in names]
-        assert grown[:shards] == sizes  # in the restore's helper thread, while reading
-        assert grown[shards:] == sizes  # after the clear: room kept, nothing grows
-        # each shard's rows sent to it whole, in one batch, compiled for ahead
-        assert [count for name, count in loaded if name in names] == sizes
-        assert [count for name, count in compiled if name in names] == sizes
+        for shard, size in zip(variable.shards, sizes, strict=True):
+            # grown in the restore's helper threads while reading; after the clear the
+            # room is kept and nothing grows
+            assert [count for name, count in reserved if name == shard.name] == [size, size]
+            # its rows sent to it whole, in one batch, compiled for ahead
+            assert [count for name, count in loaded if name == shard.name] == [size]
+            assert [count for name, count in compiled if name == shard.name] == [size]
     assert content(restored) == content(var)
 
 
