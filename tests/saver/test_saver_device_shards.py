@@ -27,7 +27,7 @@ from de_store.saver.device_shards import DeviceShardRows
 from de_store.saver.manifest import ColumnSpec
 from de_store.saver.variable_rows import VALUE_COLUMN, VariableRows
 
-ROWS = 30_000  # 12 buckets of about 2,500 rows
+ROWS = 200_000  # 12 buckets of about 16,700 rows
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 

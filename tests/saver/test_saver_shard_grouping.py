@@ -16,7 +16,7 @@ import pytest
 from de_store.backends import open_backend
 from de_store.formats import ExtraColumn, SchemaInfo, batch_from_numpy, get_format
 from de_store.saver import shards
-from de_store.saver.buckets import BucketOrder, choose_num_buckets, key_hash_mod
+from de_store.saver.buckets import BucketOrder, choose_num_buckets, key_hash_mod, stable_order
 from de_store.saver.manifest import ColumnSpec
 from de_store.saver.variable_rows import (
     VALUE_COLUMN,
@@ -28,7 +28,7 @@ from de_store.saver.variable_rows import (
     even_batches,
 )
 
-ROWS = 30_000  # 12 buckets of about 2,500 rows
+ROWS = 200_000  # 12 buckets of about 16,700 rows
 
 
 def variable_rows(count: int) -> VariableRows:
@@ -41,7 +41,7 @@ def variable_rows(count: int) -> VariableRows:
     return VariableRows("emb", "int64", "float32", 4, columns, [shard])
 
 
-@pytest.mark.parametrize("gather_rows", [1, 6_000, 1 << 20])
+@pytest.mark.parametrize("gather_rows", [1, 40_000, 1 << 20])
 def test_parts_hold_one_bucket_each_across_gather_chunks(
     tmp_path, monkeypatch: pytest.MonkeyPatch, gather_rows: int
 ) -> None:
@@ -103,6 +103,16 @@ def test_bucket_order_is_a_stable_sort_by_bucket(count: int, chunk_rows: int) ->
     assert [a for a, _ in chunks[1:]] == [b for _, b in chunks[:-1]]  # contiguous ranges
     got = np.concatenate([order.rows(*c) for c in chunks] or [np.zeros(0, np.int64)])
     np.testing.assert_array_equal(got, np.argsort(buckets, kind="stable"))
+
+
+@pytest.mark.parametrize("ids", [1, 720, 4097, 5040])
+def test_stable_order_of_bucket_ids_wider_than_a_counting_sort(ids: int) -> None:
+    """5040 bucket ids span more than Arrow's counting sort takes: sorted another way,
+    with the same (stable) order."""
+    buckets = np.random.default_rng(ids).integers(0, ids, 100_000)
+    order = stable_order(buckets)
+    assert order.dtype == np.int64
+    np.testing.assert_array_equal(order, np.argsort(buckets, kind="stable"))
 
 
 def test_empty_shard_has_no_parts(tmp_path) -> None:

@@ -74,7 +74,7 @@ def test_value_dtypes_round_trip_exactly(tmp_path, dtype: tf.DType) -> None:
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_each_rank_reads_only_its_share(tmp_path, ranks: int) -> None:
     var = make_variable("emb", None, dim=8, shards=2)
-    keys, _ = fill(var, 150_000, start=-75_000)
+    keys, _ = fill(var, 400_000, start=-200_000)  # 12 key buckets a shard
     url = str(tmp_path / "ck")
     ds.save([var], url, blocking=True)
     seen: list[np.ndarray] = []
