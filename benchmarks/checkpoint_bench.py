@@ -18,7 +18,9 @@ Measures, through the user path (``de_store.get_variable`` with a ``FileSystemSa
   ``restore_cold_cache_s``: that earlier restore;
   ``memory_floor_s``: in that process, after the restore, ``tf.fill`` allocating and first
   touching as many bytes as the restored table holds (the floor memory sets a restore on
-  this machine, next to the cold read of the same rows);
+  this machine, next to the cold read of the same rows); ``dense_index_s``: then
+  TensorFlow's own hash table (``DenseHashTable``, sized ahead) created for the same rows
+  and inserting them, the plainest way to index the keys the restore reads;
 * ``reshard_restore_s``: the same (the faster of two) into a variable with another number
   of shards (logical CPU devices), after an earlier such restore
   (``reshard_restore_cold_cache_s``: its XLA compiles are for other shapes);
@@ -207,6 +209,8 @@ def phase_restore(args: argparse.Namespace) -> None:
     out["verified"] = verify(variable, args)
     # the table's bytes allocated and first touched by tf.fill, the restored table alive
     out["memory_floor_s"] = harness.memory_first_touch(tf, table_bytes(variable))
+    if args.shards == args.save_shards and args.formats:  # once: the same keys indexed
+        out["dense_index_s"] = harness.dense_index(tf, args.keys, args.dim)  # by TF's table
     if args.shards == args.save_shards:
         for name in args.formats:
             drop_cache(args.dir)
@@ -264,6 +268,10 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
         # the floor: the cold read of the same bytes, and the memory the table takes
         "restore_over_raw_read_and_memory": r["restore_s"]
         / (r["raw_read_s"] + r["memory_floor_s"]),
+        # the floor of the read and the indexing: the same keys read, then indexed by
+        # TensorFlow's own hash table
+        "restore_over_raw_read_and_dense_index": r["restore_s"]
+        / (r["raw_read_s"] + r["dense_index_s"]),
         "reshard_restore_over_raw_read": r["reshard_restore_s"] / r["raw_read_s"],
         "reshard_restore_over_restore": r["reshard_restore_s"] / r["restore_s"],
         "sync_save_over_tf_dense_save": r["sync_save_s"] / r["tf_dense_save_s"],

@@ -43,6 +43,7 @@ from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
+from _harness import dense_hash_table
 
 from de_store.tables import HashTable
 from de_store.tables._index import home_slots
@@ -90,14 +91,7 @@ class _Candidate:
                 tf.int64, tf.float32, tf.zeros([dim])
             )
         else:
-            self.table = tf.lookup.experimental.DenseHashTable(
-                tf.int64,
-                tf.float32,
-                tf.zeros([dim]),
-                empty_key=-1,
-                deleted_key=-2,
-                initial_num_buckets=1 << int(np.ceil(np.log2(keys / 0.8))),
-            )
+            self.table = dense_hash_table(tf, keys, dim)
 
     def insert(self, keys: tf.Tensor, values: tf.Tensor) -> None:
         self.table.insert(keys, values)
