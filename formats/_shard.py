@@ -210,6 +210,11 @@ def map_ahead(
     Reading (I/O) and decoding (Arrow releases the GIL) of the next parts then overlap
     with the caller's use of the current one; at most ``depth + 1`` results are in hand.
     Calls start in the order of ``items`` (one :class:`PartReader` turn each).
+
+    Closing the iterator early cancels the calls not started and returns without waiting
+    for the running ones, whose results are dropped: an iterator the caller abandoned is
+    closed by the garbage collector, in whichever thread it runs, possibly one that holds
+    a lock of :mod:`threading` a pool thread needs to end, so it must not join threads.
     """
     pending: collections.deque[Future[R]] = collections.deque()
     pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix=f"de_store-{name}")
@@ -221,7 +226,7 @@ def map_ahead(
         while pending:
             yield pending.popleft().result()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def check_rows(where: str, part: int, expected: int, found: int) -> None:

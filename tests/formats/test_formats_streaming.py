@@ -64,3 +64,32 @@ def test_large_shard_streams_with_bounded_memory(tmp_path):
         assert figures["bytes"] > 130 << 20, name
         assert figures["python_peak"] < bound, (name, figures)
         assert figures["arrow_pool_peak"] < bound, (name, figures)
+
+
+def test_closing_map_ahead_early_does_not_wait_for_running_calls() -> None:
+    """The garbage collector closes an abandoned iterator in whichever thread it runs,
+    possibly one holding a lock of ``threading`` that a pool thread takes to end: closing
+    must return without joining, the running call left to finish on its own."""
+    import threading
+
+    from de_store.formats._shard import map_ahead
+
+    release, finished = threading.Event(), threading.Event()
+
+    def call(item: int) -> int:
+        if item == 1:
+            release.wait(30)
+            finished.set()
+        return item
+
+    results = map_ahead(call, range(5), depth=2, name="test")
+    assert next(results) == 0  # calls 1 and 2 were submitted; call 1 waits
+    closer = threading.Thread(target=results.close)
+    closer.start()
+    closer.join(10)
+    try:
+        assert not closer.is_alive()  # close returned...
+        assert not finished.is_set()  # ...while call 1 still ran
+    finally:
+        release.set()
+    assert finished.wait(10)
