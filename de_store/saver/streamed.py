@@ -96,7 +96,10 @@ def read_ahead(items: Iterable[T], limit: int, size: Any, name: str) -> Generato
             stopped = True
             queue.clear()
             cond.notify_all()
-        thread.join()
+        # a daemon thread, so joining it takes no lock of ``threading`` (the garbage
+        # collector may close this iterator in any thread, the producer's own included)
+        if threading.current_thread() is not thread:
+            thread.join()
 
 
 def streams(variable: Any, chain: list[Any], proc_size: int) -> bool:
