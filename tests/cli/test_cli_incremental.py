@@ -18,7 +18,7 @@ from de_store.compact import compact
 from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
 
 DIM = 4
-ROWS = 13_000  # a shard of the full checkpoint has 4 key buckets, a delta's 1
+ROWS = 70_000  # a shard of the full checkpoint has 4 key buckets, a delta's 1
 
 
 def make_variable(name: str, shards: int = 1) -> ds.Variable:
@@ -178,7 +178,7 @@ def test_compact_merges_group_by_group_exactly(chain, tmp_path) -> None:
     out = compact(src, str(tmp_path / "compacted"), group_rows=1000)
     info = json.loads(run_main("inspect", "--json", out)[1])
     assert info["metadata"] == {"compacted_from": src}
-    # one file per key group: 14 groups of <= 1000 rows wanted, but the full link has only
+    # one file per key group: 70 groups of <= 1000 rows wanted, but the full link has only
     # 4 buckets, so 4 groups, one bucket each
     assert info["variables"]["emb"]["shards"] == 4
     assert files_rows(out) == restored(src)
