@@ -209,9 +209,9 @@ def phase_restore(args: argparse.Namespace) -> None:
     out["verified"] = verify(variable, args)
     # the table's bytes allocated and first touched by tf.fill, the restored table alive
     out["memory_floor_s"] = harness.memory_first_touch(tf, table_bytes(variable))
-    if args.shards == args.save_shards and args.formats:  # once: the same keys indexed
-        out["dense_index_s"] = harness.dense_index(tf, args.keys, args.dim)  # by TF's table
     if args.shards == args.save_shards:
+        if args.formats:  # once: the same keys indexed by TensorFlow's own table
+            out["dense_index_s"] = harness.dense_index(tf, args.keys, args.dim)
         for name in args.formats:
             drop_cache(args.dir)
             url = os.path.join(args.dir, f"format-{name}")

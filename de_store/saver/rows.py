@@ -477,9 +477,6 @@ def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) 
 
     # Each shard's device instantiates its own kernels (mostly outside the GIL): the
     # shards are prepared side by side.
-    if len(shares) == 1:
-        prepare(0)
-        return
     with ThreadPoolExecutor(len(shares), thread_name_prefix="de_store-grow") as pool:
         for done in [pool.submit(prepare, shard) for shard in range(len(shares))]:
             done.result()
@@ -488,12 +485,10 @@ def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) 
 def _prepare_shard(table: SavedVariable, shard: int, share: int, batch_rows: int) -> None:
     """Grow shard ``shard`` of ``table`` for ``share`` rows, run its bulk load once on no
     rows and compile its load of ``batch_rows`` keys (see :func:`grow_for_restore`)."""
-    core = table.shards[shard]
-    with tf.device(table.devices[shard]):
-        if hasattr(core, "reserve"):
-            core.reserve(share)
+    _reserve_shard(table, shard, share)
     keys = tf.zeros([0], table.key_dtype)
     table.load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype), shard=shard)
+    core = table.shards[shard]
     if hasattr(core, "compile_load"):
         with tf.device(table.devices[shard]):
             core.compile_load(batch_rows)
@@ -529,7 +524,13 @@ def reserve_shards(variable: SavedVariable, rows: int | Sequence[int]) -> None:
     evenly (cores that can; growing step by step while inserting costs about half of a
     bulk load's time)."""
     shares = even_shares(len(variable.shards), rows) if isinstance(rows, int) else rows
-    for shard, device, share in zip(variable.shards, variable.devices, shares, strict=True):
-        if hasattr(shard, "reserve"):
-            with tf.device(device):
-                shard.reserve(share)
+    for index, share in enumerate(shares):
+        _reserve_shard(variable, index, share)
+
+
+def _reserve_shard(variable: SavedVariable, index: int, share: int) -> None:
+    """Grow table shard ``index`` once for ``share`` rows, where its core can."""
+    core = variable.shards[index]
+    if hasattr(core, "reserve"):
+        with tf.device(variable.devices[index]):
+            core.reserve(share)
