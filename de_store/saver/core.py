@@ -93,6 +93,8 @@ class IOOptions:
     retry: how failed storage steps (one shard file, a manifest, the commit, one read)
         are retried; ``RetryPolicy(attempts=1)`` disables retries.
     progress: draw progress bars (rows saved / restored) on stderr when it is a terminal.
+    bucketed: group each shard's rows by key bucket (see ``shards.write_shard``); None:
+        when several processes save together (``bucketed_for``).
     """
 
     format: str = "parquet"
@@ -100,6 +102,7 @@ class IOOptions:
     barrier_timeout_s: float = 600.0
     retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
     progress: bool = False
+    bucketed: bool | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -110,6 +113,14 @@ class IOOptions:
             raise ValueError(f"barrier_timeout_s must be > 0, got {self.barrier_timeout_s!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise ValueError(f"retry must be a RetryPolicy, got {self.retry!r}")
+        if self.bucketed not in (None, True, False):
+            raise ValueError(f"bucketed must be True, False or None, got {self.bucketed!r}")
+
+    def bucketed_for(self, topology: Topology) -> bool:
+        """Whether a save by ``topology`` groups rows by key bucket: as set, or when more
+        than one process saves (a job of several processes restores with several, each
+        reading its buckets only; one process restoring reads every row anyway)."""
+        return topology.proc_size > 1 if self.bucketed is None else self.bucketed
 
 
 class SaverSettings(Protocol):
@@ -371,6 +382,7 @@ def _write_shards(
         rank=topology.proc_rank,
         format_name=options.format,
         buffer_size=options.buffer_size,
+        bucketed=options.bucketed_for(topology),
         kind=kind,
     )
     records = []

@@ -60,6 +60,11 @@ class FileSystemSaver:
         Save only what changed since the variable's last committed checkpoint (a delta on
         it), with full saves as the ``IncrementalPolicy`` says; ``True`` is the default
         policy, ``False`` (default) saves every row each time. See docs/checkpoints.md.
+    bucketed:
+        Group each shard's rows by key bucket, so that each process of a job restoring
+        with several reads only its share. ``None`` (default): when ``proc_size > 1``.
+        A single process writes rows in the order its tables hold them, the fastest save;
+        a restore by several processes then reads every row on each. See docs/format.md.
     """
 
     def __init__(
@@ -76,9 +81,10 @@ class FileSystemSaver:
         job_id: str | None = None,
         progress: bool = False,
         incremental: IncrementalPolicy | bool = False,
+        bucketed: bool | None = None,
     ) -> None:
         self.options = IOOptions(
-            format, buffer_size, barrier_timeout_s, retry or RetryPolicy(), progress
+            format, buffer_size, barrier_timeout_s, retry or RetryPolicy(), progress, bucketed
         )
         if job_id is not None and (not isinstance(job_id, str) or not job_id):
             raise ValueError(f"job_id must be a non-empty string, got {job_id!r}")

@@ -29,6 +29,7 @@ from de_store.saver.variable_rows import (
     VALUE_COLUMN,
     DeviceShardRows,
     PendingShardRows,
+    RowsOf,
     ShardRows,
     SnapshotRows,
     VariableRows,
@@ -96,6 +97,50 @@ def _bucketed_batches(
                 yield batch.slice(at, min(buffer_size, end - at))
 
 
+def _table_order_batches(
+    shard: ShardRows | SnapshotRows, schema: pa.Schema, buffer_size: int, out: list[int]
+) -> Iterator[pa.RecordBatch]:
+    """Batches of at most ``buffer_size`` rows in the order the table holds them, each
+    of the shard's one bucket (``out`` gets a 0 a batch).
+
+    A table's snapshot whose row store is dense (no freed rows: rows ``0 .. n-1`` live)
+    is written as the store holds it, zero-copy: its keys are scattered to their rows
+    (8 bytes a row moved, not the row). Otherwise the rows are gathered in key order a
+    chunk at a time (helper threads), or sliced where they are arrays already.
+    """
+    keys, columns = shard.keys, dict(shard.columns)
+    values = columns.pop(VALUE_COLUMN)
+    if isinstance(values, RowsOf) and not columns and _dense_rows(values, len(keys)):
+        in_rows = np.empty_like(keys)
+        in_rows[values.rows] = keys
+        keys, values = in_rows, values.store[: len(keys)]
+    arrays = {name: c for name, c in columns.items() if isinstance(c, np.ndarray)}
+    if isinstance(values, np.ndarray) and len(arrays) == len(columns):
+        for at in range(0, len(keys), buffer_size):
+            end = at + buffer_size
+            out.append(0)
+            extras = {name: c[at:end] for name, c in arrays.items()}
+            yield batch_from_numpy(keys[at:end], values[at:end], extras, schema=schema)
+        return
+
+    def gather(at: int) -> pa.RecordBatch:
+        index = np.arange(at, min(at + GATHER_ROWS, len(keys)))
+        extras = {name: shard.take(name, index) for name in columns}
+        return batch_from_numpy(keys[index], shard.take(VALUE_COLUMN, index), extras, schema=schema)
+
+    starts = range(0, len(keys), GATHER_ROWS)
+    for batch in map_ahead(gather, starts, depth=GATHER_AHEAD, name="gather"):
+        for at in range(0, batch.num_rows, buffer_size):
+            out.append(0)
+            yield batch.slice(at, buffer_size)
+
+
+def _dense_rows(values: RowsOf, count: int) -> bool:
+    """Whether the row ids of ``values`` are exactly ``0 .. count - 1`` (distinct ids: the
+    largest is ``count - 1``)."""
+    return count > 0 and len(values.store) >= count and int(values.rows.max()) == count - 1
+
+
 def _string_keys(keys: np.ndarray) -> np.ndarray:
     if keys.dtype == object and len(keys) and isinstance(keys[0], bytes):
         return np.asarray(pa.array(keys, pa.binary()).cast(pa.string()).to_numpy(False))
@@ -111,10 +156,16 @@ def write_shard(
     global_shard: int,
     format_name: str,
     buffer_size: int,
+    bucketed: bool = True,
     kind: str = "",
 ) -> ShardRecord:
-    """Write one table shard as one file of bucket-ordered parts; return its record.
+    """Write one table shard as one file of parts; return its record.
 
+    ``bucketed``: the rows are grouped by key bucket (:mod:`~de_store.saver.buckets`), a
+    bucket per part, so that each of several restoring processes reads only its share;
+    otherwise the shard is one bucket, its rows in the order the table holds them (no
+    sort and no gather: the fastest save; every restoring process reads every part).
+    A shard written on its parameter server's device is always bucketed.
     ``kind`` prefixes the file name ("removed-" for tombstones).
     """
     held = rows.shards[shard_index]
@@ -132,9 +183,13 @@ def write_shard(
     fmt = get_format(format_name)
     path = stem + fmt.suffix
     part_buckets: list[int] = []
-    batches = _bucketed_batches(
-        shard, rows.key_dtype, info.arrow_schema(), buffer_size, part_buckets
-    )
+    num_buckets = choose_num_buckets(shard.rows) if bucketed else 1
+    if num_buckets == 1:
+        batches = _table_order_batches(shard, info.arrow_schema(), buffer_size, part_buckets)
+    else:
+        batches = _bucketed_batches(
+            shard, rows.key_dtype, info.arrow_schema(), buffer_size, part_buckets
+        )
     shard_info = fmt.write(backend, path, batches, schema_info=info, buffer_size=buffer_size)
     if len(part_buckets) != len(shard_info.parts):
         raise AssertionError(f"{path}: {len(shard_info.parts)} parts, {len(part_buckets)} batches")
@@ -142,7 +197,7 @@ def write_shard(
         rank=rank,
         shard=global_shard,
         info=_as_dict(shard_info),
-        num_buckets=choose_num_buckets(shard.rows),
+        num_buckets=num_buckets,
         part_buckets=part_buckets,
     )
 

@@ -113,7 +113,9 @@ def test_two_shards_holding_the_same_keys_are_refused(tmp_path: Path) -> None:
 def test_part_buckets_that_do_not_match_the_keys_are_refused(tmp_path: Path) -> None:
     # 40,000 rows a shard: 2 key buckets (even keys, odd keys), one part each
     keys = np.arange(80_000)
-    backend, folder = save(tmp_path, [keys[:40_000], keys[40_000:]], buffer_size=1 << 16)
+    backend, folder = save(
+        tmp_path, [keys[:40_000], keys[40_000:]], buffer_size=1 << 16, bucketed=True
+    )
     manifest = json.loads((folder / MANIFEST).read_text())
     record = shards_of(manifest)[1]
     assert (record["num_buckets"], record["part_buckets"]) == (2, [0, 1])

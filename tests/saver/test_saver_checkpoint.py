@@ -270,13 +270,13 @@ def test_restored_rows_repeating_a_key_are_refused() -> None:
 def test_restore_grows_each_table_shard_once_for_exactly_its_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shards: int
 ) -> None:
-    """A shard's rows are grouped by bucket, and a bucket's keys all belong to one table
-    shard of a variable partitioned by ``default_partition_fn`` when the shard count
+    """A bucketed shard's rows are grouped by bucket, and a bucket's keys all belong to one
+    table shard of a variable partitioned by ``default_partition_fn`` when the shard count
     divides the bucket count (200,000 rows: 12 buckets), so a restore grows each table
     shard for exactly the rows it will hold, its companions' alike."""
     from de_store.tables.hash_table import HashTable
 
-    var = make_variable("emb", ds.FileSystemSaver())
+    var = make_variable("emb", ds.FileSystemSaver(bucketed=True))
     keys = np.arange(-100_000, 100_000, dtype=np.int64)
     keys_t = tf.constant(keys)
     var.upsert(keys_t, tf.ones([len(keys), 4]))
@@ -321,7 +321,7 @@ def test_restore_grows_each_table_shard_once_for_exactly_its_rows(
 def test_restore_splits_batches_whose_keys_belong_to_several_shards(tmp_path: Path) -> None:
     """Three table shards do not divide the 4 key buckets of 100,000 rows: a part's keys
     belong to several shards, and each goes to its own."""
-    var = make_variable("emb", ds.FileSystemSaver())
+    var = make_variable("emb", ds.FileSystemSaver(bucketed=True))
     var.upsert(tf.range(-40_000, 60_000, dtype=tf.int64), tf.random.uniform([100_000, 4]))
     prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
     from de_store.saver.buckets import choose_num_buckets

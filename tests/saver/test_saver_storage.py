@@ -76,7 +76,7 @@ def test_each_rank_reads_only_its_share(tmp_path, ranks: int) -> None:
     var = make_variable("emb", None, dim=8, shards=2)
     keys, _ = fill(var, 400_000, start=-200_000)  # 12 key buckets a shard
     url = str(tmp_path / "ck")
-    ds.save([var], url, blocking=True)
+    ds.save([var], url, blocking=True, bucketed=True)
     seen: list[np.ndarray] = []
     for rank in range(ranks):
         backend, name = open_location(url, None)

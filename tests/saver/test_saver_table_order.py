@@ -1,0 +1,105 @@
+"""A one-process save writes each shard's rows in the order its table holds them.
+
+The shard is then one key bucket (no sort, no gather into bucket order); a restore into any
+number of table shards or processes still gets exactly its keys, each rank reading every
+part. ``bucketed=True`` (or several saving processes) groups rows by bucket instead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+from saver_helpers import companion_content, content, fill, make_variable
+
+import de_store as ds
+from de_store.backends import open_location
+from de_store.saver import core
+from de_store.saver.topology import Topology
+
+
+def _records(folder: Path) -> list[dict]:
+    (manifest,) = folder.glob("manifest-*.json")
+    return json.loads(manifest.read_text())["variables"]["emb"]["shards"]
+
+
+def test_rows_are_written_as_the_row_store_holds_them(tmp_path: Path) -> None:
+    """A table filled in one batch holds key ``i`` of the batch in row ``i``: the file
+    holds the keys in that order (not in index-slot or bucket order), one bucket."""
+    keys = np.random.default_rng(3).permutation(np.arange(-30_000, 30_000, dtype=np.int64))
+    values = np.stack([keys, -keys], 1).astype(np.float32)
+    var = make_variable("emb", ds.FileSystemSaver(buffer_size=7000), dim=2)
+    var.upsert(keys, values)
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+
+    (record,) = _records(tmp_path / "de_store" / "ckpt")
+    assert (record["num_buckets"], record["part_buckets"]) == (1, [0] * 9)
+    table = pq.read_table(tmp_path / "de_store" / "ckpt" / record["info"]["path"])
+    np.testing.assert_array_equal(table.column("key").to_numpy(), keys)
+    got = np.stack(table.column("value").to_numpy(zero_copy_only=False))
+    np.testing.assert_array_equal(got, values)
+
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=2, shards=3)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert content(restored) == content(var)
+
+
+def test_freed_rows_are_left_out(tmp_path: Path) -> None:
+    """Removed keys free their rows: the store has holes, and only live rows are written."""
+    var = make_variable("emb", ds.FileSystemSaver())
+    keys, _ = fill(var, 20_000)
+    var.remove(tf.constant(keys[::3]))
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+    (record,) = _records(tmp_path / "de_store" / "ckpt")
+    assert record["num_buckets"] == 1 and record["info"]["rows"] == 20_000 - len(keys[::3])
+
+    restored = make_variable("emb", ds.FileSystemSaver(), shards=2)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert content(restored) == content(var)
+    assert companion_content(restored, "adam_m") == companion_content(var, "adam_m")
+    assert not set(content(restored)) & set(keys[::3].tolist())
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_each_rank_restores_exactly_its_keys_reading_every_part(tmp_path: Path, ranks: int) -> None:
+    var = make_variable("emb", None, shards=2)
+    keys, _ = fill(var, 50_000, start=-25_000)
+    url = str(tmp_path / "ck")
+    ds.save([var], url, blocking=True)
+    seen = []
+    for rank in range(ranks):
+        backend, name = open_location(url, None)
+        target = make_variable("emb", None)
+        backend.stats.reset()
+        manifest = core.restore_checkpoint(
+            [target], backend, name, Topology(ranks, rank), core.IOOptions()
+        )
+        assert {r.num_buckets for r in manifest.variables["emb"].shards} == {1}
+        assert backend.stats.bytes_read >= sum(
+            part_bytes for r in manifest.variables["emb"].shards for part_bytes in _sizes(r)
+        )
+        got = target.export()[0].numpy()
+        assert np.all(np.mod(got, ranks) == rank)
+        seen.append(got)
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.sort(keys))
+
+
+def _sizes(record) -> list[int]:
+    return [r["length"] for part in record.info["parts"] for r in part["ranges"]]
+
+
+def test_who_groups_rows_by_bucket() -> None:
+    one, two = Topology(1, 0), Topology(2, 1)
+    assert (core.IOOptions().bucketed_for(one), core.IOOptions().bucketed_for(two)) == (
+        False,
+        True,
+    )
+    assert core.IOOptions(bucketed=True).bucketed_for(one) is True
+    assert core.IOOptions(bucketed=False).bucketed_for(two) is False
+    assert ds.FileSystemSaver(bucketed=True).options.bucketed is True
+    with pytest.raises(ValueError, match="bucketed must be True, False or None, got 'yes'"):
+        ds.FileSystemSaver(bucketed="yes")  # type: ignore[arg-type]
