@@ -3,7 +3,8 @@
 :func:`compact` reads a checkpoint's chain (its full link, then each delta in order) and
 writes what restoring it gives as a new committed full checkpoint. Rows are merged one key
 group (``hash(key) mod groups``) at a time in numpy, so memory stays bounded by a group's
-rows whatever the table's size. ``de-store convert`` uses it for any delta input.
+rows whatever the table's size, where the full link is bucketed (a file saved in table
+order, one bucket, is held whole). ``de-store convert`` uses it for any delta input.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -22,7 +25,7 @@ from de_store.errors import CheckpointError
 from de_store.formats.binary import numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
 from de_store.saver import shards
-from de_store.saver.buckets import bucket_order, key_hash_mod
+from de_store.saver.buckets import bucket_order, choose_num_buckets, key_hash_mod
 from de_store.saver.chain import resolve_chain
 from de_store.saver.commit import read_manifest
 from de_store.saver.manifest import ColumnSpec, Manifest, ShardRecord, VariableEntry
@@ -68,6 +71,8 @@ def chain_source(
         _check_links(links, f"{backend.url.rstrip('/')}/{name}")
         rows = sum(entry.rows + entry.removed_rows for _, entry in links)
         buckets = max((r.num_buckets for r in links[0][1].shards), default=1)
+        if buckets == 1:  # saved in table order: read whole, its groups chosen freely
+            buckets = choose_num_buckets(rows)
         out.append(
             ChainVariable(
                 var_name,
@@ -310,7 +315,8 @@ def compact(
     removals and rows in order), through the same commit protocol as a save. Rows are
     merged in numpy one key group at a time, so memory stays bounded by about
     ``group_rows`` rows (plus the rows of the deltas for that group), whatever the size
-    of the table. No TensorFlow table is involved.
+    of the table, where the full link is bucketed (one saved in table order is held
+    whole). No TensorFlow table is involved.
 
     Parameters
     ----------
@@ -416,3 +422,16 @@ class _RankRows:
             self._rows = ShardRows(rows.keys[mine], {c: v[mine] for c, v in rows.columns.items()})
         keep = np.mod(self._rows.keys, tables) == index
         return self._rows.keys[keep], {c: v[keep] for c, v in self._rows.columns.items()}
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as :func:`compact`. Importing ``de_store.compact`` sets the
+    attribute ``de_store.compact`` to the module (Python's import system does, after the
+    module ran), hiding the function that ``de_store`` exports under the same name; so
+    ``de_store.compact(url, out_url)`` works whichever of the two it finds."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> str:
+        return compact(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -167,3 +167,23 @@ def test_the_tf_hook_knows_variables_by_the_class_they_register() -> None:
 
     assert isinstance(ds.Variable("hooked", dim=2), tf_hook.CheckpointedVariable)
     assert not isinstance(tf.Variable(1.0), tf_hook.CheckpointedVariable)
+
+
+def test_de_store_compact_is_the_function_after_its_module_was_imported(tmp_path) -> None:
+    """``import de_store.compact`` makes ``de_store.compact`` the module (Python's import
+    system sets it); it must still compact when called, as the docs call it."""
+    var = ds.Variable("emb", dim=2)
+    var.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 2]))
+    ds.save([var], str(tmp_path / "ck"), blocking=True)
+    script = (
+        "import sys, de_store.compact, de_store as ds\n"
+        "print(ds.compact(sys.argv[1], sys.argv[2]))\n"
+    )
+    src, out = str(tmp_path / "ck"), str(tmp_path / "flat")
+    result = subprocess.run(
+        [sys.executable, "-c", script, src, out], capture_output=True, text=True, check=False
+    )
+    assert (result.returncode, result.stdout.strip()) == (0, out), result.stderr[-2000:]
+    restored = ds.Variable("emb", dim=2)
+    ds.restore([restored], out)
+    assert int(restored.size()) == 2

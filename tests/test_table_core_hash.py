@@ -329,6 +329,49 @@ def test_a_hash_table_snapshot_looks_keys_up(fixed_shapes: bool) -> None:
     assert snapshot.lookup(tf.constant([4, 5], tf.int64)).numpy().tolist() == [[1, 1], [0, 0]]
 
 
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.int32])
+def test_a_snapshot_read_in_store_order_holds_the_rows_of_its_moment(key_dtype) -> None:
+    """A one-process save writes a snapshot's rows as the row store holds them: row ``i``
+    of a batch of new keys is the batch's key ``i``. Writes after the snapshot (updates,
+    new keys, a growth) never show in it."""
+    table = HashTable(key_dtype, tf.float32, 2, name="emb/ordered")
+    keys = np.random.default_rng(5).permutation(np.arange(-500, 1500)).astype(np.int64)
+    table.insert(tf.constant(keys, key_dtype), tf.constant(np.stack([keys, keys], 1), tf.float32))
+    snapshot = table.snapshot()
+    assert snapshot.read_in_store_order is not None
+    table.insert(tf.constant(keys[:100], key_dtype), tf.zeros([100, 2]))
+    table.insert(tf.range(5000, 90_000, dtype=key_dtype), tf.ones([85_000, 2]))
+    read = snapshot.read_in_store_order()
+    assert read is not None
+    got_keys, got_values = read
+    assert got_keys.dtype == key_dtype.as_numpy_dtype
+    np.testing.assert_array_equal(got_keys, keys)
+    np.testing.assert_array_equal(got_values, np.stack([keys, keys], 1).astype(np.float32))
+
+
+def test_a_snapshot_with_freed_rows_is_not_read_in_store_order() -> None:
+    """Removed keys free their rows: the live rows are no longer the store's first ones,
+    and only the key-order read serves (the writer then gathers the live rows)."""
+    table = HashTable(tf.int64, tf.float32, 1, name="emb/holes")
+    table.insert(tf.range(10, dtype=tf.int64), tf.zeros([10, 1]))
+    table.remove(tf.constant([3], tf.int64))
+    snapshot = table.snapshot()
+    assert snapshot.read_in_store_order is not None and snapshot.read_in_store_order() is None
+    table.insert(tf.constant([42], tf.int64), tf.ones([1, 1]))  # takes the freed row 3
+    read = table.snapshot().read_in_store_order()
+    assert read is not None
+    assert read[0].tolist() == [0, 1, 2, 42, 4, 5, 6, 7, 8, 9]
+
+
+def test_keys_by_row_reads_the_index_entries() -> None:
+    from de_store.tables.hash_table import DELETED, EMPTY, keys_by_row
+
+    index = np.array([[7, 1], [0, EMPTY], [9, DELETED], [8, 0], [5, 2]], np.int64)
+    assert keys_by_row(index, 3).tolist() == [8, 7, 5]
+    assert keys_by_row(index, 2) is None  # row 2 lies past two keys' rows
+    assert keys_by_row(np.zeros([0, 2], np.int64), 0).tolist() == []
+
+
 def test_an_insert_that_grows_the_index_leaves_room_for_three_more_like_it() -> None:
     """Each capacity costs a rehash and XLA compiles: a table filled batch after batch
     grows once for four batches. A bulk load (a restore) sizes the index exactly."""

@@ -94,7 +94,8 @@ class IOOptions:
         are retried; ``RetryPolicy(attempts=1)`` disables retries.
     progress: draw progress bars (rows saved / restored) on stderr when it is a terminal.
     bucketed: group each shard's rows by key bucket (see ``shards.write_shard``); None:
-        when several processes save together (``bucketed_for``).
+        when several processes save together or the save is incremental
+        (``bucketed_for``).
     """
 
     format: str = "parquet"
@@ -116,11 +117,15 @@ class IOOptions:
         if self.bucketed not in (None, True, False):
             raise ValueError(f"bucketed must be True, False or None, got {self.bucketed!r}")
 
-    def bucketed_for(self, topology: Topology) -> bool:
+    def bucketed_for(self, topology: Topology, chained: bool = False) -> bool:
         """Whether a save by ``topology`` groups rows by key bucket: as set, or when more
         than one process saves (a job of several processes restores with several, each
-        reading its buckets only; one process restoring reads every row anyway)."""
-        return topology.proc_size > 1 if self.bucketed is None else self.bucketed
+        reading its buckets only; one process restoring reads every row anyway), or when
+        the save is ``chained``, a link of a chain of incremental saves (compaction merges
+        a chain one key group at a time, reading the full link's buckets)."""
+        if self.bucketed is not None:
+            return self.bucketed
+        return topology.proc_size > 1 or chained
 
 
 class SaverSettings(Protocol):
@@ -382,7 +387,7 @@ def _write_shards(
         rank=topology.proc_rank,
         format_name=options.format,
         buffer_size=options.buffer_size,
-        bucketed=options.bucketed_for(topology),
+        bucketed=options.bucketed_for(topology, chained=rows.mark is not None),
         kind=kind,
     )
     records = []

@@ -62,9 +62,11 @@ class FileSystemSaver:
         policy, ``False`` (default) saves every row each time. See docs/checkpoints.md.
     bucketed:
         Group each shard's rows by key bucket, so that each process of a job restoring
-        with several reads only its share. ``None`` (default): when ``proc_size > 1``.
-        A single process writes rows in the order its tables hold them, the fastest save;
-        a restore by several processes then reads every row on each. See docs/format.md.
+        with several reads only its share. ``None`` (default): when ``proc_size > 1`` or
+        ``incremental`` (compaction merges a chain a key group at a time). Otherwise a
+        process writes rows in the order its tables hold them, the fastest save; a
+        restore by several processes then reads every row on each. See
+        docs/checkpoints.md, *Resharding*.
     """
 
     def __init__(

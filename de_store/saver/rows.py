@@ -237,7 +237,15 @@ def _pending(variable: SavedVariable, index: int) -> PendingShardRows | None:
             columns[column] = to_host(lookup(keys))
         return SnapshotRows(to_host(keys), columns)
 
-    return PendingShardRows(table.rows, read)
+    in_store_order = None if lookups or through_io_device else table.read_in_store_order
+    if in_store_order is None:
+        return PendingShardRows(table.rows, read)
+
+    def read_in_store_order() -> ShardRows | None:
+        held = in_store_order()
+        return None if held is None else ShardRows(held[0], {VALUE_COLUMN: held[1]})
+
+    return PendingShardRows(table.rows, read, read_in_store_order)
 
 
 def _add_companions(

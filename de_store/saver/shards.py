@@ -29,7 +29,6 @@ from de_store.saver.variable_rows import (
     VALUE_COLUMN,
     DeviceShardRows,
     PendingShardRows,
-    RowsOf,
     ShardRows,
     SnapshotRows,
     VariableRows,
@@ -100,20 +99,12 @@ def _bucketed_batches(
 def _table_order_batches(
     shard: ShardRows | SnapshotRows, schema: pa.Schema, buffer_size: int, out: list[int]
 ) -> Iterator[pa.RecordBatch]:
-    """Batches of at most ``buffer_size`` rows in the order the table holds them, each
-    of the shard's one bucket (``out`` gets a 0 a batch).
-
-    A table's snapshot whose row store is dense (no freed rows: rows ``0 .. n-1`` live)
-    is written as the store holds it, zero-copy: its keys are scattered to their rows
-    (8 bytes a row moved, not the row). Otherwise the rows are gathered in key order a
-    chunk at a time (helper threads), or sliced where they are arrays already.
-    """
+    """Batches of at most ``buffer_size`` rows in the order ``shard`` holds them, each
+    of the shard's one bucket (``out`` gets a 0 a batch): slices of its arrays (zero-copy;
+    a table snapshot read in store order is the row store itself), or, for values given
+    as rows of the store, gathered a chunk at a time in helper threads."""
     keys, columns = shard.keys, dict(shard.columns)
     values = columns.pop(VALUE_COLUMN)
-    if isinstance(values, RowsOf) and not columns and _dense_rows(values, len(keys)):
-        in_rows = np.empty_like(keys)
-        in_rows[values.rows] = keys
-        keys, values = in_rows, values.store[: len(keys)]
     arrays = {name: c for name, c in columns.items() if isinstance(c, np.ndarray)}
     if isinstance(values, np.ndarray) and len(arrays) == len(columns):
         for at in range(0, len(keys), buffer_size):
@@ -135,10 +126,18 @@ def _table_order_batches(
             yield batch.slice(at, buffer_size)
 
 
-def _dense_rows(values: RowsOf, count: int) -> bool:
-    """Whether the row ids of ``values`` are exactly ``0 .. count - 1`` (distinct ids: the
-    largest is ``count - 1``)."""
-    return count > 0 and len(values.store) >= count and int(values.rows.max()) == count - 1
+def _read(
+    held: ShardRows | PendingShardRows | DeviceShardRows, bucketed: bool
+) -> ShardRows | SnapshotRows | DeviceShardRows:
+    """The rows of a held shard: a snapshot is read now, in the order its table holds
+    them where it can and the writer keeps that order."""
+    if not isinstance(held, PendingShardRows):
+        return held
+    if not bucketed and held.read_in_store_order is not None:
+        in_order = held.read_in_store_order()
+        if in_order is not None:
+            return in_order
+    return held.read()
 
 
 def _string_keys(keys: np.ndarray) -> np.ndarray:
@@ -168,8 +167,7 @@ def write_shard(
     A shard written on its parameter server's device is always bucketed.
     ``kind`` prefixes the file name ("removed-" for tombstones).
     """
-    held = rows.shards[shard_index]
-    shard = held.read() if isinstance(held, PendingShardRows) else held
+    shard = _read(rows.shards[shard_index], bucketed)
     info = schema_info(rows, global_shard)
     # a per-save unique suffix: a rewrite never overwrites a committed generation's files
     stem = f"{_variable_dir(rows.name)}/{kind}r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}"

@@ -113,6 +113,10 @@ class PendingShardRows:
 
     rows: int
     read: Callable[[], ShardRows | SnapshotRows]
+    #: The rows in the order the table holds them, its values a view of its row store,
+    #: when its live rows are its first ones (None then otherwise); None where the table
+    #: does not offer it. For a writer that keeps the table's order.
+    read_in_store_order: Callable[[], ShardRows | None] | None = None
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ import abc
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -29,6 +30,11 @@ class TableSnapshot:
     #: value of ``keys[i]`` being ``store[row_ids[i]]``: what ``read`` gives without
     #: gathering the values (a writer that reorders the rows gathers them once, there).
     read_rows: Callable[[], tuple[tf.Tensor, tf.Tensor, tf.Tensor]] | None = None
+    #: Where the core offers it (as ``read_rows``): ``(keys [rows], values [rows, dim])``
+    #: as numpy arrays in the order the row store holds them, the values a view of the
+    #: store, when the live rows are exactly its first ``rows`` (no row freed); None
+    #: otherwise. A writer that keeps the table's order then copies no value row.
+    read_in_store_order: Callable[[], tuple[np.ndarray, np.ndarray] | None] | None = None
 
 
 class TableCore(tf.Module, abc.ABC):

@@ -90,9 +90,11 @@ most a few percent of a batch (``benchmarks/table_bench.py``, ``lock``).
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
@@ -309,10 +311,24 @@ class HashTable(TableCore):
                 found = tf.where((rows >= 0)[:, None], found, tf.zeros_like(found))
                 return self._exported_values(found)
 
+        def read_in_store_order() -> tuple[np.ndarray, np.ndarray] | None:
+            # np.asarray shares a CPU tensor's buffer (Tensor.numpy() copies it)
+            held = int(count)
+            keys = keys_by_row(np.asarray(index), held)
+            if keys is None:
+                return None
+            return keys.astype(self.key_dtype.as_numpy_dtype, copy=False), np.asarray(values)[:held]
+
         # The store is offered where a reader shares it (host memory: elsewhere reading it
         # copies it whole, more than the live rows) and holds the values as exported.
         offered = self._on_host and values.dtype == self.value_dtype
-        return TableSnapshot(int(count), read, lookup, read_rows if offered else None)
+        return TableSnapshot(
+            int(count),
+            read,
+            lookup,
+            read_rows if offered else None,
+            read_in_store_order if offered else None,
+        )
 
     def _exported(self, keys: tf.Tensor) -> tf.Tensor:
         return tf.cast(keys, self.key_dtype) if self.key_dtype != tf.int64 else keys
@@ -397,6 +413,33 @@ class HashTable(TableCore):
                 else (tf.identity(rows))
             )
         return keys, rows
+
+
+def keys_by_row(index: np.ndarray, count: int) -> np.ndarray | None:
+    """The key of each row ``0 .. count - 1`` of a table holding ``count`` keys, from its
+    index entries ``[capacity, 2]`` (key, row), or None when some key's row lies beyond
+    (rows were freed: the live rows are not the first ``count``).
+
+    The ``count`` live rows are distinct, so when none is ``count`` or more they are
+    exactly ``0 .. count - 1``. Then one scatter of every slot's key to its row does it:
+    an empty slot's row (``EMPTY``, -1) and a tombstone's (``DELETED``, -2) land in two
+    spare places past the end. The slots are split between two threads (numpy's scatter
+    releases the GIL).
+    """
+    rows = index[:, 1]
+    if len(rows) and int(rows.max()) >= count:
+        return None
+    out = np.empty(count + 2, np.int64)
+    half = len(index) // 2
+
+    def scatter(start: int, end: int) -> None:
+        out[index[start:end, 1]] = index[start:end, 0]
+
+    with concurrent.futures.ThreadPoolExecutor(1, "keys_by_row") as pool:
+        first = pool.submit(scatter, 0, half)
+        scatter(half, len(index))
+        first.result()
+    return out[:count]
 
 
 def _repeated(table: HashTable, count: int | None) -> str:

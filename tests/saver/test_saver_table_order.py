@@ -92,12 +92,32 @@ def _sizes(record) -> list[int]:
     return [r["length"] for part in record.info["parts"] for r in part["ranges"]]
 
 
+def test_a_checkpoint_in_table_order_compacts_into_key_groups(tmp_path: Path) -> None:
+    """Compaction chooses its own key groups for a full link of one bucket (it reads the
+    link whole): 70,000 rows give the 4 groups 70,000 rows bucketed would have."""
+    var = make_variable("emb", None)
+    fill(var, 70_000)
+    ds.save([var], str(tmp_path / "ck"), blocking=True)
+    out = ds.compact(str(tmp_path / "ck"), str(tmp_path / "flat"), group_rows=1000)
+    records = _records(tmp_path / "flat")
+    assert [r["shard"] for r in records] == [0, 1, 2, 3]
+    for record in records:
+        keys = pq.read_table(tmp_path / "flat" / record["info"]["path"]).column("key")
+        assert set(np.mod(keys.to_numpy(), 4)) == {record["shard"]}
+    restored = make_variable("emb", None)
+    ds.restore([restored], out)
+    assert content(restored) == content(var)
+    assert companion_content(restored, "adam_m") == companion_content(var, "adam_m")
+
+
 def test_who_groups_rows_by_bucket() -> None:
     one, two = Topology(1, 0), Topology(2, 1)
     assert (core.IOOptions().bucketed_for(one), core.IOOptions().bucketed_for(two)) == (
         False,
         True,
     )
+    assert core.IOOptions().bucketed_for(one, chained=True) is True  # incremental saves
+    assert ds.FileSystemSaver(incremental=True).options.bucketed_for(one, chained=True)
     assert core.IOOptions(bucketed=True).bucketed_for(one) is True
     assert core.IOOptions(bucketed=False).bucketed_for(two) is False
     assert ds.FileSystemSaver(bucketed=True).options.bucketed is True
