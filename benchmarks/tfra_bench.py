@@ -33,9 +33,7 @@ first process loads TensorFlow's and TFRA's libraries cold).
 References on the same bytes (``N * 8`` key bytes + ``N * dim * 4`` value bytes), measured
 in every round before the sides and reported as the best of the rounds after the first:
 ``raw_write_fsync_s`` (``numpy.tofile`` + fsync) and ``raw_read_s`` (``numpy.fromfile``,
-cold); and ``bucket_reorder_s``, numpy and Arrow putting the same rows in key-bucket
-order (Arrow's stable counting sort of the buckets and a ``take``): with the raw write,
-the floor of a save whose shards hold their rows grouped by bucket. ``cold_reads`` says
+cold). ``cold_reads`` says
 how the page cache was emptied: ``drop_caches`` (the whole cache, as root) or
 ``posix_fadvise`` (each file evicted).
 
@@ -166,7 +164,6 @@ def raw_references(args: argparse.Namespace) -> dict[str, Any]:
     raw = os.path.join(args.dir, "raw")
     out: dict[str, Any] = {"raw_write_fsync_s": harness.raw_write(raw, args.keys, args.dim)}
     out.update(harness.raw_read(raw, args.dim))
-    out["bucket_reorder_s"] = harness.bucket_reorder(args.keys, args.dim)
     for suffix in (".keys", ".values"):
         os.remove(raw + suffix)
     return out
@@ -210,9 +207,6 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
         cold = r[f"de_store_{step}_cold_cache_s"]
         out[f"{step}_tfra_over_de_store_cold_cache"] = r[f"tfra_{step}_s"] / cold
     out["de_store_save_over_raw_write"] = r["de_store_save_s"] / r["raw_write_fsync_s"]
-    out["de_store_save_over_raw_write_and_reorder"] = r["de_store_save_s"] / (
-        r["raw_write_fsync_s"] + r["bucket_reorder_s"]
-    )
     out["de_store_restore_over_raw_read"] = r["de_store_restore_s"] / r["raw_read_s"]
     out["de_store_restore_over_raw_read_and_memory"] = r["de_store_restore_s"] / (
         r["raw_read_s"] + r["de_store_memory_floor_s"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from de_store.errors import CheckpointError
 from de_store.saver._lazy_tf import tf
-from de_store.saver.buckets import key_hash_mod
+from de_store.saver.buckets import bucket_order, key_hash_mod
 from de_store.saver.manifest import ColumnSpec, VariableEntry
 from de_store.saver.variable_rows import (
     TF_ALIGNMENT,
@@ -36,7 +36,6 @@ from de_store.saver.variable_rows import (
     coalesce,
     even_batches,
     even_sizes,
-    rows_where,
 )
 
 if TYPE_CHECKING:
@@ -384,35 +383,60 @@ def _load_by_shard(
     batches: Iterable[ShardRows],
     shares: Sequence[int],
 ) -> None:
-    """Bulk-load ``batches`` shard by shard: each key's shard from its hash, each shard's
-    rows in even batches of its share (what ``grow_for_restore`` compiled).
-
-    The rows of a part are one key bucket, so with a shard count dividing the bucket
-    count a whole batch usually goes to one shard; any other batch is split.
-    """
-    count = len(variable.shards)
-    most = load_rows(variable)
-    regrouped = [EvenBatches(max(share, 1), most) for share in shares]
+    """Bulk-load ``batches`` shard by shard (see :func:`shard_batches`)."""
 
     def load(shard: int, batch: ShardRows) -> None:
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
             target.load_distinct(keys, to_tensor(batch.columns[column]), shard=shard)
 
+    for shard, batch in shard_batches(batches, variable, shares):
+        load(shard, batch)
+
+
+def shard_batches(
+    batches: Iterable[ShardRows], variable: SavedVariable, shares: Sequence[int]
+) -> Iterator[tuple[int, ShardRows]]:
+    """``(shard, rows)``: the rows of ``batches`` for each table shard of ``variable``
+    (partitioned by ``default_partition_fn``: a key's shard from its hash), regrouped
+    into the even batches of that shard's share (what ``grow_for_restore`` compiled).
+
+    The rows of a bucketed part are one key bucket, so with a shard count dividing the
+    bucket count a whole batch usually goes to one shard; any other batch is split.
+    Batches that are already what this yields pass through without a copy: a restore
+    that streams regroups them in its reading thread first.
+    """
+    count = len(variable.shards)
+    most = load_rows(variable)
+    regrouped = [EvenBatches(max(share, 1), most) for share in shares]
     for batch in batches:
-        if not batch.rows:
-            continue
-        owner = key_hash_mod(batch.keys, count, variable.key_dtype.name)
-        if (owner == owner[0]).all():
-            pieces = [(int(owner[0]), batch)]
-        else:
-            pieces = [(shard, rows_where(batch, owner == shard)) for shard in range(count)]
-        for shard, piece in pieces:
+        for shard, piece in split_by_shard(batch, count, variable.key_dtype.name):
             for full in regrouped[shard].add(piece):
-                load(shard, full)
+                yield shard, full
     for shard, rest in enumerate(regrouped):
         for last in rest.finish():
-            load(shard, last)
+            yield shard, last
+
+
+def split_by_shard(batch: ShardRows, count: int, key_dtype: str) -> list[tuple[int, ShardRows]]:
+    """``(shard, rows)`` of ``batch``'s rows per table shard of a variable of ``count``
+    shards partitioned by ``default_partition_fn``, in shard order: the batch itself
+    when its keys share one shard, else views of one gather into shard order."""
+    owner = key_hash_mod(batch.keys, count, key_dtype)
+    if not batch.rows or (owner == owner[0]).all():
+        return [(int(owner[0]), batch)] if batch.rows else []
+    order, sizes = bucket_order(owner, count)
+    keys = np.take(batch.keys, order)
+    columns = {name: np.take(c, order, axis=0) for name, c in batch.columns.items()}
+    ends = np.cumsum(sizes)
+    return [
+        (
+            shard,
+            ShardRows(keys[end - size : end], {n: c[end - size : end] for n, c in columns.items()}),
+        )
+        for shard, (size, end) in enumerate(zip(sizes.tolist(), ends.tolist(), strict=True))
+        if size
+    ]
 
 
 def apply_delta(

@@ -25,7 +25,7 @@ from de_store.backends.base import Backend
 from de_store.progress import Progress
 from de_store.saver import shards
 from de_store.saver.manifest import VariableEntry
-from de_store.saver.rows import apply_rows
+from de_store.saver.rows import apply_rows, routes_by_hash, shard_batches
 from de_store.saver.variable_rows import ShardRows
 
 T = TypeVar("T")
@@ -129,9 +129,10 @@ def load_while_reading(
     Returns False, the variable emptied again, when anything failed (the error is not
     raised: the caller reads the link the other way, which retries or reports it).
     """
-    batches = read_ahead(
-        _read_entry(folder, entry, buffer_size), READ_AHEAD_BYTES, rows_bytes, "stream"
-    )
+    read = _read_entry(folder, entry, buffer_size)
+    if routes_by_hash(variable):  # split and regrouped by table shard in the reading thread
+        read = (batch for _, batch in shard_batches(read, variable, shares))
+    batches = read_ahead(read, READ_AHEAD_BYTES, rows_bytes, "stream")
     try:
         ready()
         with variable.exclusive():

@@ -270,5 +270,6 @@ registration.register_checkpoint_saver(
 )
 # TF's Checkpoint.sync() only waits; make it raise a failed background save's error.
 tf_compat.raise_async_errors_on_sync()
+tf_compat.trace_async_copies_without_autograph()
 # TF joins its async save thread too late at exit for our writers: join it earlier.
 at_exit.track_async_checkpoints()

@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables._index import empty_index
-from de_store.tables._tracking import push, read_shared, replace, variable_length
+from de_store.tables._tracking import STAMP_DTYPE, push, read_shared, replace, variable_length
 
 #: Most keys an insert's growth leaves room for beyond its own (see ``reserve``): 2**22,
 #: an index of at most 2**23 more slots (128 MB).
@@ -160,13 +160,29 @@ class CapacityOps:
             # if more: a batch bigger than the headroom then does not make the next one grow.
             base = tf.cast(tf.maximum(needed, have) if headroom else have, tf.float64)
             bigger = tf.cast(tf.math.ceil(base * t.row_growth), tf.int64)
+            length = tf.maximum(needed, bigger)
+            tf.cond(t.next_row > 0, lambda: _copy_rows(length), lambda: _new_rows(length))
+            return tf.constant(True)
+
+        def _copy_rows(length: tf.Tensor) -> tf.Tensor:
             # One gather builds the bigger store (a read plus a concat would allocate and
             # copy it twice more). Rows past the old end repeat its last row: a row is
             # written (or zeroed, by accum) whenever it is handed out.
-            source = tf.minimum(tf.range(tf.maximum(needed, bigger)), have - 1)
+            source = tf.minimum(tf.range(length), variable_length(t.values) - 1)
             replace(t.values, tf.gather(t.values, source))
             if t.track_changes:  # a row's stamp is written whenever the row is
                 replace(t.stamps, tf.gather(t.stamps, source))
+            return tf.constant(True)
+
+        def _new_rows(length: tf.Tensor) -> tf.Tensor:
+            # No row handed out yet (an empty table grown for a restore): a store left
+            # unwritten (``Empty``, its memory first touched by the rows' own writes).
+            rows = tf.cast(length, tf.int32)
+            shape = tf.stack([rows, t.dim])
+            replace(t.values, tf.raw_ops.Empty(shape=shape, dtype=t.values.dtype))
+            if t.track_changes:  # Empty has no GPU kernel for uint32: bitcast float32
+                unwritten = tf.raw_ops.Empty(shape=rows[None], dtype=tf.float32)
+                replace(t.stamps, tf.bitcast(unwritten, STAMP_DTYPE))
             return tf.constant(True)
 
         have = variable_length(t.values)

@@ -74,3 +74,28 @@ def test_async_save_failure_is_raised_on_sync_with_its_cause(tmp_path: Path) -> 
     fill(good, 10)
     options = tf.train.CheckpointOptions(enable_async=True)
     tf.train.Checkpoint(emb=good).save(str(tmp_path / "next"), options=options)
+
+
+def test_async_saves_copy_through_a_function_traced_without_autograph(tmp_path: Path) -> None:
+    """TF's async helper traces its copy function at a process's second async save, in the
+    training thread; autograph would convert TF's own source first. Both saves hold the
+    rows of their moment."""
+    from tensorflow.python.checkpoint import async_checkpoint_helper as helper
+
+    copy = helper.AsyncCheckpointHelper.__dict__["_copy_to_cpu"]
+    assert isinstance(copy, tf.types.experimental.PolymorphicFunction)
+    assert copy._autograph is False
+    var = make_variable("emb", ds.FileSystemSaver())
+    fill(var, 300)
+    checkpoint = tf.train.Checkpoint(emb=var)
+    options = tf.train.CheckpointOptions(enable_async=True)
+    first = checkpoint.save(str(tmp_path / "ckpt"), options=options)
+    expected_first = content(var)
+    var.upsert(tf.constant([5000], tf.int64), tf.ones([1, 4]))
+    second = checkpoint.save(str(tmp_path / "ckpt"), options=options)
+    expected_second = content(var)
+    checkpoint.sync()
+    for prefix, expected in ((first, expected_first), (second, expected_second)):
+        restored = make_variable("emb", ds.FileSystemSaver())
+        tf.train.Checkpoint(emb=restored).read(prefix).assert_existing_objects_matched()
+        assert content(restored) == expected
