@@ -363,13 +363,19 @@ def test_a_snapshot_with_freed_rows_is_not_read_in_store_order() -> None:
     assert read[0].tolist() == [0, 1, 2, 42, 4, 5, 6, 7, 8, 9]
 
 
-def test_keys_by_row_reads_the_index_entries() -> None:
-    from de_store.tables.hash_table import DELETED, EMPTY, keys_by_row
-
-    index = np.array([[7, 1], [0, EMPTY], [9, DELETED], [8, 0], [5, 2]], np.int64)
-    assert keys_by_row(index, 3).tolist() == [8, 7, 5]
-    assert keys_by_row(index, 2) is None  # row 2 lies past two keys' rows
-    assert keys_by_row(np.zeros([0, 2], np.int64), 0).tolist() == []
+def test_a_fixed_shape_table_reads_in_store_order_across_its_growth() -> None:
+    """A fixed-shape table grows into new variables: the key of each row moves with it."""
+    table = HashTable(tf.int64, tf.float32, 1, name="emb/fixed_order", fixed_shapes=True)
+    keys = np.arange(40, 0, -1, dtype=np.int64)
+    for start in range(0, 40, 10):  # each batch grows the table
+        batch = keys[start : start + 10]
+        table.insert(tf.constant(batch), tf.constant(batch[:, None], tf.float32))
+    read = table.snapshot().read_in_store_order
+    assert read is not None
+    got = read()
+    assert got is not None
+    np.testing.assert_array_equal(got[0], keys)
+    np.testing.assert_array_equal(got[1][:, 0], keys.astype(np.float32))
 
 
 def test_an_insert_that_grows_the_index_leaves_room_for_three_more_like_it() -> None:

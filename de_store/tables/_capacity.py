@@ -170,6 +170,7 @@ class CapacityOps:
             # written (or zeroed, by accum) whenever it is handed out.
             source = tf.minimum(tf.range(length), variable_length(t.values) - 1)
             replace(t.values, tf.gather(t.values, source))
+            replace(t.row_keys, tf.gather(t.row_keys, source))
             if t.track_changes:  # a row's stamp is written whenever the row is
                 replace(t.stamps, tf.gather(t.stamps, source))
             return tf.constant(True)
@@ -180,6 +181,7 @@ class CapacityOps:
             rows = tf.cast(length, tf.int32)
             shape = tf.stack([rows, t.dim])
             replace(t.values, tf.raw_ops.Empty(shape=shape, dtype=t.values.dtype))
+            replace(t.row_keys, tf.raw_ops.Empty(shape=rows[None], dtype=tf.int64))
             if t.track_changes:  # Empty has no GPU kernel for uint32: bitcast float32
                 unwritten = tf.raw_ops.Empty(shape=rows[None], dtype=tf.float32)
                 replace(t.stamps, tf.bitcast(unwritten, STAMP_DTYPE))

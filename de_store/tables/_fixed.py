@@ -137,6 +137,9 @@ class Growth:
             t.free_rows = fixed_variable(
                 "free_rows", tf.concat([t.free_rows, tf.zeros([extra], tf.int64)], 0)
             )
+            t.row_keys = fixed_variable(
+                "row_keys", tf.concat([t.row_keys, tf.zeros([extra], tf.int64)], 0)
+            )
             if t.track_changes:  # stamps are as long as the row store
                 zeros = tf.cast(tf.zeros([extra], tf.int64), _tracking.STAMP_DTYPE)
                 t.stamps = fixed_variable("stamps", tf.concat([t.stamps, zeros], 0))

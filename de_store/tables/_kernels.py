@@ -142,7 +142,7 @@ class Kernels:
         ids = tf.TensorSpec([None], tf.int64)
         stamps = tf.TensorSpec([None], STAMP_DTYPE)
         index = tf.TensorSpec([None, 2], tf.int64)
-        return [index, rows, ids, *[counter] * 4, stamps, counter, ids, ids, counter]
+        return [index, rows, ids, *[counter] * 4, stamps, counter, ids, ids, counter, ids]
 
 
 def _checked(operation: Any, ops: TableOps, name: str, args: Any, label: tf.Tensor) -> Any:

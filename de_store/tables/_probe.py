@@ -446,6 +446,7 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         rows in batch order)."""
         t = self.t
         rows, _, last = self._resolve(keys, pick_last=not t.serial_scatter)
+        self.write_keys(keys, rows)
         if last is None:
             t.values.scatter_update(tf.IndexedSlices(values, rows))
             self.stamp(rows)
@@ -482,6 +483,7 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         self.reserve(n)
         rows = self.allocate_rows(n)
         t.values.scatter_update(tf.IndexedSlices(values, rows))
+        self.write_keys(keys, rows)
         self.stamp(rows)
         t.num_keys.assign_add(n)
         return self.place(keys, rows)
@@ -496,6 +498,7 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
             )
         )
         t.values.scatter_add(tf.IndexedSlices(deltas, rows))
+        self.write_keys(keys, rows)
         self.stamp(rows)
 
     def accum_existing(self, keys: tf.Tensor, deltas: tf.Tensor) -> None:
@@ -517,6 +520,7 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         keys, slots, rows = (tf.gather(x, last) for x in (keys, slots, rows))
         tombstones = tf.fill(tf.shape(slots), tf.constant(DELETED, tf.int64))
         t.index.scatter_update(tf.IndexedSlices(tf.stack([keys, tombstones], 1), slots))
+        self.unstamp(rows)
         self.free(rows)
         t.num_keys.assign_sub(_count(rows))
         t.num_deleted.assign_add(_count(rows))
@@ -548,6 +552,7 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
 
         def shrink() -> tf.Tensor:
             replace(t.values, tf.zeros(tf.stack([rows, t.dim]), t.values.dtype))
+            replace(t.row_keys, tf.zeros(tf.reshape(rows, [1]), tf.int64))
             if t.track_changes:  # stamps are as long as the row store
                 # Fill has no GPU kernel for uint32 (nor int32): cast int64 zeros
                 zeros = tf.zeros(tf.reshape(rows, [1]), tf.int64)
@@ -571,12 +576,19 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
         for counter in (t.num_keys, t.num_deleted, t.num_free, t.next_row, t.num_removed):
             counter.assign(0)
 
-    def snapshot(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """The index, the row store and the key count as they are, without a copy: a
+    def snapshot(self) -> tuple[tf.Tensor, ...]:
+        """The index, the row store, the key count, the key of each row and the rows handed
+        out, as they are, without a copy: a
         later write to the table copies a buffer these tensors still hold (the variables
         are in copy-on-write mode, see :func:`read_shared`)."""
         t = self.t
-        return read_shared(t.index), read_shared(t.values), t.num_keys.read_value()
+        return (
+            read_shared(t.index),
+            read_shared(t.values),
+            t.num_keys.read_value(),
+            read_shared(t.row_keys),
+            t.next_row.read_value(),
+        )
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:
         """``(keys, values)`` of every live slot, read in one pass."""

@@ -2,8 +2,9 @@
 
 Every row written (insert, accum) is stamped with the table's current epoch in ``stamps``
 (parallel to the row store); removed keys go on a log (``removed``, ``removed_at``) with
-the epoch of their removal. A snapshot mark is an epoch: what changed after it is the live
-rows stamped later and the logged keys removed later that are absent now.
+the epoch of their removal, and the stamps of their freed rows are cleared. A snapshot
+mark is an epoch: what changed after it is the rows stamped later (each with the key
+written with it, ``row_keys``) and the logged keys removed later that are absent now.
 """
 
 from __future__ import annotations
@@ -87,6 +88,20 @@ class TrackingOps:
             epoch = tf.cast(tf.fill(tf.shape(rows), t.epoch.read_value()), STAMP_DTYPE)
             t.stamps.scatter_update(tf.IndexedSlices(epoch, rows))
 
+    def unstamp(self, rows: tf.Tensor) -> None:
+        """Clear the stamps of freed ``rows`` (epochs start at 1): ``export_changes``
+        takes every stamped row for live, and a freed row is stamped again when it is
+        handed out."""
+        t = self.t
+        if t.track_changes:
+            zeros = tf.cast(tf.zeros(tf.shape(rows), tf.int64), STAMP_DTYPE)
+            t.stamps.scatter_update(tf.IndexedSlices(zeros, rows))
+
+    def write_keys(self, keys: tf.Tensor, rows: tf.Tensor) -> None:
+        """Record the key of each of ``rows`` (written with the rows: repeated keys write
+        the same key to the same row)."""
+        self.t.row_keys.scatter_update(tf.IndexedSlices(keys, rows))
+
     def log_removed(self, keys: tf.Tensor) -> None:
         """Append ``keys`` to the removal log with the current epoch (growing it when full)."""
         t = self.t
@@ -97,13 +112,12 @@ class TrackingOps:
         """``(keys, values)`` of the live rows written at an epoch after ``since``, and the
         keys removed after ``since`` that are absent now (possibly repeated)."""
         t = self.t
-        # One pass over the index: a slot is taken when it is live and its row is dirty
-        # (a 1-byte gather per slot; live entries are never gathered whole).
-        entries = t.index.read_value()
-        rows = entries[:, 1]
-        dirty = t.stamps.read_value() > tf.cast(since, STAMP_DTYPE)
-        taken = tf.logical_and(rows >= 0, tf.gather(dirty, tf.maximum(rows, 0)))
-        changed = tf.gather(entries, tf.where(taken)[:, 0])
+        # The rows handed out and stamped after ``since`` (one pass over 4 bytes a row),
+        # each with the key written with it: a freed row's stamp is cleared, so every
+        # stamped row is live (see ``unstamp``).
+        stamps = tf.gather(t.stamps, tf.range(t.next_row.read_value()))
+        dirty = tf.where(stamps > tf.cast(since, STAMP_DTYPE))[:, 0]
+        changed = tf.stack([tf.gather(t.row_keys, dirty), dirty], 1)
         logged = tf.range(t.num_removed.read_value())
         removed_at = tf.gather(t.removed_at, logged)
         removed = tf.gather(tf.gather(t.removed, logged), tf.where(removed_at > since)[:, 0])

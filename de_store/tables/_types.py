@@ -55,6 +55,9 @@ class State(NamedTuple):
     removed: tf.Variable
     removed_at: tf.Variable
     num_removed: tf.Variable
+    #: the key of each row handed out, written with the row: a save reads the rows in
+    #: the store's order, and ``export_changes`` the changed rows' keys, without the index
+    row_keys: tf.Variable
 
 
 class View:

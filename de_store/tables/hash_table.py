@@ -11,8 +11,11 @@ size as well (at most 2**22 keys more): a table being filled batch after batch t
 few capacities, and each capacity costs a rehash and the XLA compiles of the first probe
 rounds.
 *Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth`` (times what a
-batch needs, when it needs more than that); rows freed by
-``remove`` go on a free list (``free_rows``) and are reused first.
+batch needs, when it needs more than that), and ``row_keys [rows]``, the key of each row,
+written with it; rows freed by ``remove`` go on a free list (``free_rows``) and are reused
+first. While no row is free, the store's first rows are exactly the live ones: a save
+writes them as the store holds them (``snapshot``), and ``export_changes`` reads the keys
+of the rows stamped after a mark, neither scanning the index.
 
 Keeping the values out of the probe array means the index (16 bytes a slot) is the only
 part sized by the power-of-two capacity, so the table stays within ~1.5x the raw key+value
@@ -90,7 +93,6 @@ most a few percent of a batch (``benchmarks/table_bench.py``, ``lock``).
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Iterator
 from typing import Any
 
@@ -196,6 +198,7 @@ class HashTable(TableCore):
             self.removed = _variable("removed", tf.zeros([16], tf.int64), fixed)
             self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64), fixed)
             self.num_removed = _counter("num_removed", 0, fixed)
+            self.row_keys = _variable("row_keys", tf.zeros([rows], tf.int64), fixed)
         self._device = self.index.device
         self._on_host = tf.DeviceSpec.from_string(self._device).device_type == "CPU"
         self._mutex = _locking.TableMutex(self._device)
@@ -292,7 +295,7 @@ class HashTable(TableCore):
         are gathered when the snapshot is read. A write to the table after this call
         copies the buffer it changes first (copy-on-write), so the snapshot never sees it.
         """
-        index, values, count = self._run("snapshot")
+        index, values, count, row_keys, handed_out = self._run("snapshot")
 
         def read_rows() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             with tf.device(self._device):
@@ -312,12 +315,12 @@ class HashTable(TableCore):
                 return self._exported_values(found)
 
         def read_in_store_order() -> tuple[np.ndarray, np.ndarray] | None:
-            # np.asarray shares a CPU tensor's buffer (Tensor.numpy() copies it)
             held = int(count)
-            keys = keys_by_row(np.asarray(index), held)
-            if keys is None:
+            if int(handed_out) != held:  # a freed row: the live rows are not the first
                 return None
-            return keys.astype(self.key_dtype.as_numpy_dtype, copy=False), np.asarray(values)[:held]
+            # np.asarray shares a CPU tensor's buffer (Tensor.numpy() copies it)
+            keys = np.asarray(row_keys)[:held].astype(self.key_dtype.as_numpy_dtype, copy=False)
+            return keys, np.asarray(values)[:held]
 
         # The store is offered where a reader shares it (host memory: elsewhere reading it
         # copies it whole, more than the live rows) and holds the values as exported.
@@ -361,7 +364,7 @@ class HashTable(TableCore):
 
     def memory_bytes(self) -> int:
         """Bytes held by the table's variables."""
-        arrays = [self.index, self.values, self.free_rows, self.stamps]
+        arrays = [self.index, self.values, self.row_keys, self.free_rows, self.stamps]
         arrays += [self.removed, self.removed_at]
         total = sum(
             int(tf.reduce_prod(tf.raw_ops.VariableShape(input=v.handle, out_type=tf.int64)))
@@ -394,6 +397,7 @@ class HashTable(TableCore):
             self.removed,
             self.removed_at,
             self.num_removed,
+            self.row_keys,
         )
 
     def _keys(self, keys: Any) -> tf.Tensor:
@@ -413,33 +417,6 @@ class HashTable(TableCore):
                 else (tf.identity(rows))
             )
         return keys, rows
-
-
-def keys_by_row(index: np.ndarray, count: int) -> np.ndarray | None:
-    """The key of each row ``0 .. count - 1`` of a table holding ``count`` keys, from its
-    index entries ``[capacity, 2]`` (key, row), or None when some key's row lies beyond
-    (rows were freed: the live rows are not the first ``count``).
-
-    The ``count`` live rows are distinct, so when none is ``count`` or more they are
-    exactly ``0 .. count - 1``. Then one scatter of every slot's key to its row does it:
-    an empty slot's row (``EMPTY``, -1) and a tombstone's (``DELETED``, -2) land in two
-    spare places past the end. The slots are split between two threads (numpy's scatter
-    releases the GIL).
-    """
-    rows = index[:, 1]
-    if len(rows) and int(rows.max()) >= count:
-        return None
-    out = np.empty(count + 2, np.int64)
-    half = len(index) // 2
-
-    def scatter(start: int, end: int) -> None:
-        out[index[start:end, 1]] = index[start:end, 0]
-
-    with concurrent.futures.ThreadPoolExecutor(1, "keys_by_row") as pool:
-        first = pool.submit(scatter, 0, half)
-        scatter(half, len(index))
-        first.result()
-    return out[:count]
 
 
 def _repeated(table: HashTable, count: int | None) -> str:
