@@ -6,9 +6,9 @@ Save (every rank):  rows (all, or a delta + tombstones) -> bucketed shard files 
 Restore (any rank): committed manifest -> its chain (full + deltas) -> parts that can hold
                     this rank's keys -> rows (checksums verified) of every link
                     -> only then replace the tables' content and apply the deltas in order
-                    (an empty variable that one process restores from a full checkpoint
-                    loads its rows as they are read, and is emptied again on any failure:
-                    :mod:`de_store.saver.streamed`).
+                    (an empty variable that one process restores loads its full link's
+                    rows as they are read, its deltas read first, and is emptied again on
+                    any failure: :mod:`de_store.saver.streamed`).
 """
 
 from __future__ import annotations
@@ -529,10 +529,11 @@ def restore_checkpoint(
     link holds a key twice is found while the rows are loaded, after the table was
     emptied: that variable is left empty.
 
-    A variable that holds nothing, restored by one process from a full checkpoint, loads
-    its rows while they are read (:mod:`de_store.saver.streamed`); when that fails it is
-    emptied and its rows are read whole, with retries, like the others'. When the restore
-    fails, every variable loaded that way is emptied again: as it was.
+    A variable that holds nothing, restored by one process, loads its full link's rows
+    while they are read (:mod:`de_store.saver.streamed`), its chain's deltas read and
+    checked before and applied after; when the streaming fails it is emptied and its
+    chain is read whole, with retries, like the others'. When the restore fails, every
+    variable loaded that way is emptied again: as it was.
 
     ``check_manifest`` is called with the manifest before anything else is read (the TF
     hook checks there that it is bound to the TF checkpoint being restored).
@@ -567,15 +568,19 @@ def restore_checkpoint(
         streamed: list[RestoredVariable] = []
         try:
             with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
+                # a streamed chain's deltas are read (and checked) before its full link
                 loaded = [
-                    _read_chain(backend, chain, topology, options, bar) if not s else []
+                    _read_chain(backend, chain[1:] if s else chain, topology, options, bar)
                     for chain, s in zip(chains, stream, strict=True)
                 ]
                 for i, variable in enumerate(variables):
                     if not stream[i]:
                         continue
+                    deltas = [f"{backend.url.rstrip('/')}/{link}" for link, *_ in chains[i][1:]]
+                    _check_deltas(variable, deltas, loaded[i])
                     at, _, entry = chains[i][0]
-                    if load_while_reading(variable, backend.sub(at), entry, counts[i], shares[i],
+                    full = sum(rows for *_, rows in _parts_to_read(chains[i][:1], topology))
+                    if load_while_reading(variable, backend.sub(at), entry, full, shares[i],
                                           ready=growing[i].result,
                                           buffer_size=options.buffer_size, bar=bar):  # fmt: skip
                         streamed.append(variable)
@@ -584,6 +589,10 @@ def restore_checkpoint(
                         loaded[i] = _read_chain(backend, chains[i], topology, options, bar)
             for grown in growing:
                 grown.result()
+            for variable, chain, links, s in zip(variables, chains, loaded, stream, strict=True):
+                if s:  # its deltas, on the full link loaded while it was read
+                    with variable.exclusive():
+                        _apply_deltas(variable, [entry for *_, entry in chain[1:]], links)
         except BaseException:
             for variable in streamed:  # they held nothing: all or nothing
                 variable.clear()
@@ -642,9 +651,7 @@ def _apply_chain(
     finds no repeat); the full link's while it is bulk-loaded, so a repeat there empties
     the variable. Either raises, naming the key and the files that hold it.
     """
-    for folder, (rows, _) in zip(folders[1:], links[1:], strict=True):
-        if (found := repeated_key((path, r.keys) for path, r in rows)) is not None:
-            _refuse_repeated(variable, folder, found)
+    _check_deltas(variable, folders[1:], links[1:])
     first = [rows for _, rows in links[0][0]]
     # Eager calls from other threads (a training loop) wait: the size check below and the
     # chain see this restore's rows only, and the restore is one step to them.
@@ -658,8 +665,29 @@ def _apply_chain(
             variable.clear()
             found = repeated_key((path, r.keys) for path, r in links[0][0])
             _refuse_repeated(variable, folders[0], found, " (the variable was emptied)")
-        for entry, (rows, removed) in zip(entries[1:], links[1:], strict=True):
-            apply_delta(variable, entry.columns, [r for _, r in rows], [r for _, r in removed])
+        _apply_deltas(variable, entries[1:], links[1:])
+
+
+def _check_deltas(
+    variable: SavedVariable,
+    folders: list[str],
+    deltas: list[tuple[list[FileRows], list[FileRows]]],
+) -> None:
+    """Refuse a chain whose delta (in checkpoint ``folders[i]``) holds a key twice, before
+    anything is applied: a sort of its rows (deltas are upserted, which finds no repeat)."""
+    for folder, (rows, _) in zip(folders, deltas, strict=True):
+        if (found := repeated_key((path, r.keys) for path, r in rows)) is not None:
+            _refuse_repeated(variable, folder, found)
+
+
+def _apply_deltas(
+    variable: RestoredVariable,
+    entries: list[VariableEntry],
+    deltas: list[tuple[list[FileRows], list[FileRows]]],
+) -> None:
+    """Each delta in order: its removed keys dropped, its rows upserted."""
+    for entry, (rows, removed) in zip(entries, deltas, strict=True):
+        apply_delta(variable, entry.columns, [r for _, r in rows], [r for _, r in removed])
 
 
 def _refuse_repeated(

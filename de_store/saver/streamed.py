@@ -7,8 +7,9 @@ they arrive, and a failure empties it again. The reading then overlaps the loadi
 the read buffers are reused instead of the whole shard being held in new memory at once.
 
 This path is taken where the rows read are exactly the rows loaded: one process
-(``proc_size == 1``), a full checkpoint (no chain of deltas), a variable whose tables
-and companions are all empty. Anything that goes wrong while streaming (a damaged part,
+(``proc_size == 1``), a variable whose tables and companions are all empty. It streams a
+checkpoint's full link; the deltas of a chain are read and checked before it, and apply
+after it (``core.restore_checkpoint``). Anything that goes wrong while streaming (a damaged part,
 a storage error, a key held twice) empties the variable and hands the link back to the
 restore's read-everything-first path, which retries, loads, or reports the damage as
 it always does.
@@ -105,7 +106,7 @@ def read_ahead(items: Iterable[T], limit: int, size: Any, name: str) -> Generato
 def streams(variable: Any, chain: list[Any], proc_size: int) -> bool:
     """Whether ``variable``'s rows of ``chain`` (links ``(folder, manifest, entry)``)
     can be loaded while they are read: see the module's docstring."""
-    if proc_size != 1 or len(chain) != 1 or chain[0][2].removed:
+    if proc_size != 1 or chain[0][2].removed:
         return False
     tables = [variable, *variable.companions().values()]
     return all(int(table.size()) == 0 for table in tables)

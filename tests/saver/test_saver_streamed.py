@@ -130,6 +130,47 @@ def test_a_key_held_twice_empties_the_variable_and_names_both_files(tmp_path: Pa
     assert int(restored.size()) == 0
 
 
+def saved_chain(tmp_path: Path) -> tuple[ds.Variable, str, str]:
+    """A full checkpoint ``ckpt-0`` and a delta ``ckpt-1`` on it (updates, new keys,
+    removals); the variable, and the delta's URL and its folder name."""
+    var = make_variable("emb", None, dim=64)
+    var.upsert(tf.range(ROWS, dtype=tf.int64) * 7, tf.random.uniform([ROWS, 64], seed=1))
+    policy = ds.IncrementalPolicy(full_every=1000, max_chain_ratio=1e9)
+    ds.save([var], str(tmp_path / "ckpt-0"), incremental=policy, buffer_size=4096, blocking=True)
+    var.upsert(tf.range(0, 7000, 7, dtype=tf.int64), tf.zeros([1000, 64]))
+    var.upsert(tf.range(-500, 0, dtype=tf.int64), tf.ones([500, 64]))
+    var.remove(tf.range(7000, 14_000, 7, dtype=tf.int64))
+    ds.save([var], str(tmp_path / "ckpt-1"), incremental=policy, blocking=True)
+    return var, str(tmp_path / "ckpt-1"), "ckpt-1"
+
+
+def test_a_chain_streams_its_full_link_then_applies_its_deltas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    var, url, _ = saved_chain(tmp_path)
+    monkeypatch.setattr(streamed, "READ_AHEAD_BYTES", 1 << 20)
+    steps = record_steps(monkeypatch)
+    restored = make_variable("emb", None, dim=64)
+    manifest = ds.restore([restored], url)
+    assert manifest.variables["emb"].incremental
+    # the delta's part first, then the full link's, the loads among them
+    assert steps.index("load") < len(steps) - 1 - steps[::-1].index("read")
+    assert content(restored) == content(var)
+
+
+def test_a_damaged_delta_leaves_the_variable_empty_and_names_its_file(tmp_path: Path) -> None:
+    """A chain's deltas are read and checked before its full link is loaded."""
+    _, url, name = saved_chain(tmp_path)
+    (path,) = (tmp_path / name).rglob("emb/r0*.parquet")  # its rows, not its tombstones
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    restored = make_variable("emb", None, dim=64)
+    with pytest.raises(ChecksumError, match=f"crc32c mismatch in part .* of .*{path.name}"):
+        ds.restore([restored], url)
+    assert int(restored.size()) == 0
+
+
 # --- read_ahead --------------------------------------------------------------------------
 def test_read_ahead_keeps_order_and_its_bound() -> None:
     held = []
