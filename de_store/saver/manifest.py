@@ -47,7 +47,8 @@ class ShardRecord:
 
     ``info`` is the format's ``ShardInfo.to_dict()`` (rows, bytes, crc32c, parts, ...).
     Rows are grouped by key bucket ``floormod(hash(key), num_buckets)``, one bucket per
-    part: ``part_buckets[i]`` is the bucket held by part ``i`` of the file.
+    part: ``part_buckets[i]`` is the bucket held by part ``i`` of the file (a shard in
+    table order has ``num_buckets`` 1, every part in bucket 0).
     """
 
     rank: int

@@ -1,8 +1,10 @@
-"""Shard files: rows grouped by key bucket on write; only the needed buckets on read.
+"""Shard files: rows in table order or grouped by key bucket on write; only the needed
+buckets on read.
 
-Each bucket (see :mod:`de_store.saver.buckets`) is written as its own part(s), and the
+A bucketed shard writes each bucket (see :mod:`de_store.saver.buckets`) as its own
+part(s); a shard in table order is one bucket, its rows as the table holds them. The
 manifest records the bucket of every part. A delta's removed keys are written the same way
-as tombstone shards (:func:`write_tombstones`), so a restoring rank reads only its buckets.
+as tombstone shards (:func:`tombstone_rows`), so a restoring rank reads only its buckets.
 """
 
 from __future__ import annotations
