@@ -549,9 +549,10 @@ def restore_checkpoint(
         check_manifest(manifest)
     where = f"{backend.url.rstrip('/')}/{name}"
     chains = [_chain_of(backend, name, folder, manifest, v.name, options) for v in variables]
-    for variable, chain in zip(variables, chains, strict=True):
-        for link, link_manifest, entry in chain:
-            check_compatible(variable, entry, f"{backend.url.rstrip('/')}/{link}")
+    urls = [[f"{backend.url.rstrip('/')}/{link}" for link, *_ in chain] for chain in chains]
+    for variable, chain, chain_urls in zip(variables, chains, urls, strict=True):
+        for (link, link_manifest, entry), url in zip(chain, chain_urls, strict=True):
+            check_compatible(variable, entry, url)
             raise_first(link_problems(backend, link, link_manifest.proc_size, [entry]), where)
     total = sum(entry.rows + entry.removed_rows for chain in chains for *_, entry in chain)
     # Empty variables grow for their rows while the shards are read (rows.grow_for_restore)
@@ -576,8 +577,7 @@ def restore_checkpoint(
                 for i, variable in enumerate(variables):
                     if not stream[i]:
                         continue
-                    deltas = [f"{backend.url.rstrip('/')}/{link}" for link, *_ in chains[i][1:]]
-                    _check_deltas(variable, deltas, loaded[i])
+                    _check_deltas(variable, urls[i][1:], loaded[i])
                     at, _, entry = chains[i][0]
                     full = sum(rows for *_, rows in _parts_to_read(chains[i][:1], topology))
                     if load_while_reading(variable, backend.sub(at), entry, full, shares[i],
@@ -597,11 +597,10 @@ def restore_checkpoint(
             for variable in streamed:  # they held nothing: all or nothing
                 variable.clear()
             raise
-    for variable, chain, links, share, s in zip(
-        variables, chains, loaded, shares, stream, strict=True
+    for variable, chain, folders, links, share, s in zip(
+        variables, chains, urls, loaded, shares, stream, strict=True
     ):
         entries = [entry for *_, entry in chain]
-        folders = [f"{backend.url.rstrip('/')}/{link}" for link, *_ in chain]
         if not s:
             _apply_chain(variable, entries, links, folders, share)
         incremental.record_restore(variable, where, manifest, entries)

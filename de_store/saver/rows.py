@@ -330,10 +330,19 @@ def check_compatible(variable: SavedVariable, entry: VariableEntry, where: str) 
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class ByShard:
+    """Rows split by table shard and regrouped into each shard's load batches already, as
+    ``(shard, rows)`` (what :func:`shard_batches` yields): :func:`apply_rows` loads them
+    as they come. A streaming restore splits them in its reading thread."""
+
+    batches: Iterable[tuple[int, ShardRows]]
+
+
 def apply_rows(
     variable: SavedVariable,
     specs: dict[str, ColumnSpec],
-    batches: Iterable[ShardRows],
+    batches: Iterable[ShardRows] | ByShard,
     reserve: int | Sequence[int] = 0,
     rows: int | None = None,
 ) -> None:
@@ -344,12 +353,16 @@ def apply_rows(
 
     ``rows``, the number of rows ``batches`` holds, lets them be a stream, loaded as they
     come (the load batches are sized from it); without it they are counted first.
+    ``batches`` given :class:`ByShard` (with ``rows``, for a variable that
+    :func:`routes_by_hash`) are loaded into the shards they name.
 
     The rows are bulk-loaded (``load_distinct``): a key given twice raises
     :class:`~de_store.errors.RepeatedKeysError` (on cores that detect it).
     """
     targets = _targets(variable, specs)
     if rows is None:
+        if isinstance(batches, ByShard):
+            raise TypeError("apply_rows: ByShard batches need their row count (rows=)")
         batches = list(batches)
         rows = sum(batch.rows for batch in batches)
     if isinstance(reserve, int):
@@ -358,8 +371,11 @@ def apply_rows(
     for target in targets.values():
         reserve_shards(target, reserve)
     # a checkpoint holds each key once
+    if isinstance(batches, ByShard):
+        _load_by_shard(targets, batches.batches)
+        return
     if routes_by_hash(variable):
-        _load_by_shard(variable, targets, batches, reserve)
+        _load_by_shard(targets, shard_batches(batches, variable, reserve))
         return
     for batch in even_batches(batches, rows, load_rows(variable)):
         keys = to_tensor(batch.keys)
@@ -378,20 +394,14 @@ def routes_by_hash(variable: SavedVariable) -> bool:
 
 
 def _load_by_shard(
-    variable: SavedVariable,
-    targets: dict[str, SavedVariable],
-    batches: Iterable[ShardRows],
-    shares: Sequence[int],
+    targets: dict[str, SavedVariable], batches: Iterable[tuple[int, ShardRows]]
 ) -> None:
-    """Bulk-load ``batches`` shard by shard (see :func:`shard_batches`)."""
-
-    def load(shard: int, batch: ShardRows) -> None:
+    """Bulk-load each ``(shard, rows)`` of ``batches`` (see :func:`shard_batches`) into
+    that table shard of every column's target."""
+    for shard, batch in batches:
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
             target.load_distinct(keys, to_tensor(batch.columns[column]), shard=shard)
-
-    for shard, batch in shard_batches(batches, variable, shares):
-        load(shard, batch)
 
 
 def shard_batches(
@@ -403,8 +413,6 @@ def shard_batches(
 
     The rows of a bucketed part are one key bucket, so with a shard count dividing the
     bucket count a whole batch usually goes to one shard; any other batch is split.
-    Batches that are already what this yields pass through without a copy: a restore
-    that streams regroups them in its reading thread first.
     """
     count = len(variable.shards)
     most = load_rows(variable)
@@ -422,9 +430,11 @@ def split_by_shard(batch: ShardRows, count: int, key_dtype: str) -> list[tuple[i
     """``(shard, rows)`` of ``batch``'s rows per table shard of a variable of ``count``
     shards partitioned by ``default_partition_fn``, in shard order: the batch itself
     when its keys share one shard, else views of one gather into shard order."""
+    if not batch.rows:
+        return []
     owner = key_hash_mod(batch.keys, count, key_dtype)
-    if not batch.rows or (owner == owner[0]).all():
-        return [(int(owner[0]), batch)] if batch.rows else []
+    if (owner == owner[0]).all():
+        return [(int(owner[0]), batch)]
     order, sizes = bucket_order(owner, count)
     keys = np.take(batch.keys, order)
     columns = {name: np.take(c, order, axis=0) for name, c in batch.columns.items()}

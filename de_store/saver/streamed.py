@@ -26,7 +26,7 @@ from de_store.backends.base import Backend
 from de_store.progress import Progress
 from de_store.saver import shards
 from de_store.saver.manifest import VariableEntry
-from de_store.saver.rows import apply_rows, routes_by_hash, shard_batches
+from de_store.saver.rows import ByShard, apply_rows, routes_by_hash, shard_batches
 from de_store.saver.variable_rows import ShardRows
 
 T = TypeVar("T")
@@ -131,14 +131,21 @@ def load_while_reading(
     raised: the caller reads the link the other way, which retries or reports it).
     """
     read = _read_entry(folder, entry, buffer_size)
+    ahead: Generator[Any, None, None]
+    source: Iterable[ShardRows] | ByShard
     if routes_by_hash(variable):  # split and regrouped by table shard in the reading thread
-        read = (batch for _, batch in shard_batches(read, variable, shares))
-    batches = read_ahead(read, READ_AHEAD_BYTES, rows_bytes, "stream")
+        ahead = read_ahead(
+            shard_batches(read, variable, shares), READ_AHEAD_BYTES, _pair_bytes, "stream"
+        )
+        source = ByShard(_counted(ahead, bar, lambda pair: pair[1].rows))
+    else:
+        ahead = read_ahead(read, READ_AHEAD_BYTES, rows_bytes, "stream")
+        source = _counted(ahead, bar, lambda batch: batch.rows)
     try:
         ready()
         with variable.exclusive():
             try:
-                apply_rows(variable, entry.columns, _counted(batches, bar), shares, rows=rows)
+                apply_rows(variable, entry.columns, source, shares, rows=rows)
                 if int(variable.size()) == rows:  # else a key was held twice
                     return True
             except Exception:  # the other path retries or reports it
@@ -149,7 +156,7 @@ def load_while_reading(
             variable.clear()
             return False
     finally:
-        batches.close()
+        ahead.close()
 
 
 def _read_entry(folder: Backend, entry: VariableEntry, buffer_size: int) -> Iterator[ShardRows]:
@@ -161,7 +168,11 @@ def _read_entry(folder: Backend, entry: VariableEntry, buffer_size: int) -> Iter
             )
 
 
-def _counted(batches: Iterable[ShardRows], bar: Progress) -> Iterator[ShardRows]:
-    for batch in batches:
-        bar.update(batch.rows)
-        yield batch
+def _pair_bytes(pair: tuple[int, ShardRows]) -> int:
+    return rows_bytes(pair[1])
+
+
+def _counted(items: Iterable[T], bar: Progress, rows: Callable[[T], int]) -> Iterator[T]:
+    for item in items:
+        bar.update(rows(item))
+        yield item

@@ -190,6 +190,11 @@ class CapacityOps:
         have = variable_length(t.values)
         tf.cond(needed > have, grow, lambda: tf.constant(False))
 
+    def write_keys(self, keys: tf.Tensor, rows: tf.Tensor) -> None:
+        """Record the key of each of ``rows`` in ``row_keys`` (written with the rows:
+        repeated keys write the same key to the same row)."""
+        self.t.row_keys.scatter_update(tf.IndexedSlices(keys, rows))
+
     def free(self, rows: tf.Tensor) -> None:
         """Push row ids on the free list (growing it when full)."""
         push(self.t.num_free, [(self.t.free_rows, rows)])

@@ -97,11 +97,6 @@ class TrackingOps:
             zeros = tf.cast(tf.zeros(tf.shape(rows), tf.int64), STAMP_DTYPE)
             t.stamps.scatter_update(tf.IndexedSlices(zeros, rows))
 
-    def write_keys(self, keys: tf.Tensor, rows: tf.Tensor) -> None:
-        """Record the key of each of ``rows`` (written with the rows: repeated keys write
-        the same key to the same row)."""
-        self.t.row_keys.scatter_update(tf.IndexedSlices(keys, rows))
-
     def log_removed(self, keys: tf.Tensor) -> None:
         """Append ``keys`` to the removal log with the current epoch (growing it when full)."""
         t = self.t
