@@ -367,7 +367,10 @@ def apply_rows(
         rows = sum(batch.rows for batch in batches)
     if isinstance(reserve, int):
         reserve = even_shares(len(variable.shards), max(reserve, rows))
-    variable.clear()  # companions too
+    # companions too; a clear's first call on a device costs what instantiating its
+    # kernel there does, a size's was paid when the restore checked the variable
+    if any(int(table.size()) for table in [variable, *variable.companions().values()]):
+        variable.clear()
     for target in targets.values():
         reserve_shards(target, reserve)
     # a checkpoint holds each key once
@@ -528,11 +531,13 @@ def _prepare_shard(table: SavedVariable, shard: int, share: int, batch_rows: int
     """Grow shard ``shard`` of ``table`` for ``share`` rows, run its bulk load once on no
     rows and compile its load of ``batch_rows`` keys (see :func:`grow_for_restore`)."""
     _reserve_shard(table, shard, share)
-    keys = tf.zeros([0], table.key_dtype)
-    table.load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype), shard=shard)
+    # The shard's core directly: the variable's methods take its lock, which would
+    # prepare the shards one after the other.
     core = table.shards[shard]
-    if hasattr(core, "compile_load"):
-        with tf.device(table.devices[shard]):
+    with tf.device(table.devices[shard]):
+        keys = tf.zeros([0], table.key_dtype)
+        core.load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype))
+        if hasattr(core, "compile_load"):
             core.compile_load(batch_rows)
 
 
