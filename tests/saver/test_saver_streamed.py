@@ -80,6 +80,46 @@ def test_a_variable_holding_keys_is_replaced_after_every_part_was_read(
     assert content(restored) == content(var)
 
 
+def test_the_table_shards_are_readied_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each table shard of an empty variable is grown and runs its bulk load once on no
+    rows in a thread of its own, all three at once (they meet at a barrier in that empty
+    load; taking turns, the first would wait there alone until the barrier broke)."""
+    var, prefix = saved(tmp_path)
+    barrier = threading.Barrier(3, timeout=60)
+    original = HashTable.load_distinct
+
+    def load_distinct(table: HashTable, keys: tf.Tensor, values: tf.Tensor) -> None:
+        if not keys.shape[0]:
+            barrier.wait()
+        original(table, keys, values)
+
+    monkeypatch.setattr(HashTable, "load_distinct", load_distinct)
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=64, shards=3)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert content(restored) == content(var)
+    assert all(int(shard.size()) for shard in restored.shards)
+
+
+@pytest.mark.parametrize("holding", ["variable", "companion"])
+def test_a_restore_empties_a_companion_the_checkpoint_does_not_hold(
+    tmp_path: Path, holding: str
+) -> None:
+    """The restored variable holds the checkpoint's content and nothing else: an
+    ``adam_m`` companion the checkpoint has no column for ends empty, whether the
+    variable held keys too or only its companion did."""
+    var, prefix = saved(tmp_path)
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=64, shards=2)
+    keys, rows = tf.constant([-1, -2], tf.int64), tf.ones([2, 64])
+    if holding == "variable":
+        restored.upsert(keys, rows)
+    restored.companion("adam_m", 64, tf.float32).upsert(keys, rows)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert content(restored) == content(var)
+    assert int(restored.companions()["adam_m"].size()) == 0
+
+
 def damage_a_part(tmp_path: Path, name: str) -> Path:
     """Flip one byte in the middle of ``name``'s shard file (a part's data)."""
     (path,) = (tmp_path / "de_store").rglob(f"{name}/*.parquet")
