@@ -351,7 +351,7 @@ def test_a_snapshot_read_in_store_order_holds_the_rows_of_its_moment(key_dtype) 
 
 def test_a_snapshot_with_freed_rows_is_not_read_in_store_order() -> None:
     """Removed keys free their rows: the live rows are no longer the store's first ones,
-    and only the key-order read serves (the writer then gathers the live rows)."""
+    and ``read_rows`` serves instead (the writer then gathers the live rows)."""
     table = HashTable(tf.int64, tf.float32, 1, name="emb/holes")
     table.insert(tf.range(10, dtype=tf.int64), tf.zeros([10, 1]))
     table.remove(tf.constant([3], tf.int64))
@@ -361,6 +361,28 @@ def test_a_snapshot_with_freed_rows_is_not_read_in_store_order() -> None:
     read = table.snapshot().read_in_store_order()
     assert read is not None
     assert read[0].tolist() == [0, 1, 2, 42, 4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("fixed_shapes", [False, True])
+def test_a_snapshot_with_freed_rows_reads_its_live_rows_in_store_order(
+    fixed_shapes: bool,
+) -> None:
+    """``read_rows`` gives the live rows' keys and row ids front to back (the rows on the
+    free list left out), as of the snapshot: removals and new keys after it (which take
+    freed rows and free others) never show in it."""
+    table = HashTable(tf.int64, tf.float32, 1, name="emb/free", fixed_shapes=fixed_shapes)
+    keys = np.arange(100, 0, -1, dtype=np.int64)
+    table.insert(tf.constant(keys), tf.constant(keys[:, None], tf.float32))
+    table.remove(tf.constant(keys[::4]))
+    snapshot = table.snapshot()
+    assert snapshot.read_rows is not None
+    table.remove(tf.constant(keys[1::4]))
+    table.insert(tf.range(1000, 1100, dtype=tf.int64), tf.zeros([100, 1]))
+    got_keys, rows, store = (np.asarray(x) for x in snapshot.read_rows())
+    kept = np.delete(np.arange(100), np.s_[::4])
+    np.testing.assert_array_equal(rows, kept)
+    np.testing.assert_array_equal(got_keys, keys[kept])
+    np.testing.assert_array_equal(store[rows, 0], keys[kept].astype(np.float32))
 
 
 def test_a_fixed_shape_table_reads_in_store_order_across_its_growth() -> None:

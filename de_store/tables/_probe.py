@@ -577,10 +577,10 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
             counter.assign(0)
 
     def snapshot(self) -> tuple[tf.Tensor, ...]:
-        """The index, the row store, the key count, the key of each row and the rows handed
-        out, as they are, without a copy: a
-        later write to the table copies a buffer these tensors still hold (the variables
-        are in copy-on-write mode, see :func:`read_shared`)."""
+        """The index, the row store, the key count, the key of each row, the rows handed
+        out, the free list and its length, as they are, without a copy: a later write to
+        the table copies a buffer these tensors still hold (the variables are in
+        copy-on-write mode, see :func:`read_shared`)."""
         t = self.t
         return (
             read_shared(t.index),
@@ -588,6 +588,8 @@ class TableOps(CapacityOps, RaceOps, TrackingOps):
             t.num_keys.read_value(),
             read_shared(t.row_keys),
             t.next_row.read_value(),
+            read_shared(t.free_rows),
+            t.num_free.read_value(),
         )
 
     def export_all(self) -> tuple[tf.Tensor, tf.Tensor]:

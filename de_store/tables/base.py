@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -29,7 +30,8 @@ class TableSnapshot:
     #: table's value dtype): ``(keys [rows], row_ids [rows], store [n, dim])``, the
     #: value of ``keys[i]`` being ``store[row_ids[i]]``: what ``read`` gives without
     #: gathering the values (a writer that reorders the rows gathers them once, there).
-    read_rows: Callable[[], tuple[tf.Tensor, tf.Tensor, tf.Tensor]] | None = None
+    #: Tensors or numpy arrays; the core's own order (``HashTable``: the store's).
+    read_rows: Callable[[], tuple[Any, Any, Any]] | None = None
     #: Where the core offers it (as ``read_rows``): ``(keys [rows], values [rows, dim])``
     #: as numpy arrays in the order the row store holds them, the values a view of the
     #: store, when the live rows are exactly its first ``rows`` (no row freed); None

@@ -295,12 +295,25 @@ class HashTable(TableCore):
         are gathered when the snapshot is read. A write to the table after this call
         copies the buffer it changes first (copy-on-write), so the snapshot never sees it.
         """
-        index, values, count, row_keys, handed_out = self._run("snapshot")
+        snapshot = self._run("snapshot")
+        index, values, count, row_keys, handed_out, free_rows, num_free = snapshot
 
         def read_rows() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             with tf.device(self._device):
                 live = tf.gather(index, tf.where(index[:, 1] >= 0)[:, 0])
                 return self._exported(live[:, 0]), live[:, 1], values
+
+        def read_rows_in_store_order() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            # The live rows are those handed out and not on the free list: in the store's
+            # order, a writer gathers them front to back (the index holds them scattered).
+            held, handed = int(count), int(handed_out)
+            live = np.ones(handed, dtype=bool)
+            live[np.asarray(free_rows)[: int(num_free)]] = False
+            rows = np.flatnonzero(live)
+            if len(rows) != held:  # not a table this layout describes: read the index
+                return tuple(np.asarray(x) for x in read_rows())  # type: ignore[return-value]
+            keys = np.asarray(row_keys)[rows].astype(self.key_dtype.as_numpy_dtype, copy=False)
+            return keys, rows, np.asarray(values)
 
         def read() -> tuple[tf.Tensor, tf.Tensor]:
             keys, rows, store = read_rows()
@@ -329,7 +342,7 @@ class HashTable(TableCore):
             int(count),
             read,
             lookup,
-            read_rows if offered else None,
+            read_rows_in_store_order if offered else None,
             read_in_store_order if offered else None,
         )
 

@@ -64,6 +64,40 @@ def test_freed_rows_are_left_out(tmp_path: Path) -> None:
     assert not set(content(restored)) & set(keys[::3].tolist())
 
 
+@pytest.mark.parametrize("companion", [False, True])
+def test_with_freed_rows_the_live_rows_are_written_in_the_stores_order(
+    tmp_path: Path, companion: bool
+) -> None:
+    """Removed keys leave holes in the row store and new keys fill some of them: the
+    file holds the live rows front to back as the store does (the keys kept, in the
+    order they were inserted), not in the index's slot order; with an ``adam_m``
+    companion (looked up by key) too."""
+    keys = np.random.default_rng(4).permutation(np.arange(-30_000, 30_000, dtype=np.int64))
+    var = make_variable("emb", ds.FileSystemSaver(buffer_size=7000), dim=2)
+    var.upsert(keys, np.stack([keys, -keys], 1).astype(np.float32))
+    var.remove(tf.constant(keys[::3]))
+    new = np.arange(100_000, 100_500, dtype=np.int64)
+    var.upsert(new, np.stack([new, new], 1).astype(np.float32))
+    if companion:
+        live = var.export()[0]
+        var.companion("adam_m", 2, tf.float32).upsert(live, tf.ones([int(var.size()), 2]))
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+
+    (record,) = _records(tmp_path / "de_store" / "ckpt")
+    written = pq.read_table(tmp_path / "de_store" / "ckpt" / record["info"]["path"])
+    written_keys = written.column("key").to_numpy()
+    kept = np.delete(keys, np.s_[::3])
+    np.testing.assert_array_equal(written_keys[np.isin(written_keys, kept)], kept)
+    assert len(written_keys) == len(kept) + len(new)
+    assert set(written_keys.tolist()) == set(kept.tolist()) | set(new.tolist())
+
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=2, shards=2)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert content(restored) == content(var)
+    if companion:
+        assert companion_content(restored, "adam_m") == companion_content(var, "adam_m")
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_each_rank_restores_exactly_its_keys_reading_every_part(tmp_path: Path, ranks: int) -> None:
     var = make_variable("emb", None, shards=2)
