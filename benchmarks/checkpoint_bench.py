@@ -4,8 +4,8 @@ Measures, through the user path (``de_store.get_variable`` with a ``FileSystemSa
 ``tf.train.Checkpoint``), on a local temporary directory:
 
 * ``sync_save_s``: ``Checkpoint.write`` (one process: the rows in the order the table
-  holds them), the best of three, each right after a raw write of the same bytes
-  (``raw_write_fsync_s``, the best of those three) whose files were deleted before the
+  holds them), the best of five, each right after a raw write of the same bytes
+  (``raw_write_fsync_s``, the best of those five) whose files were deleted before the
   save (so that each finds free the page cache the other just used); ``bucketed_save_s``:
   ``de_store.save(..., bucketed=True)``, the rows grouped by key bucket as a job of
   several processes saves them;
@@ -74,7 +74,7 @@ from _harness import (
 )
 
 #: Synchronous saves measured, each after a raw write of the same bytes: the best of each.
-SAVE_ROUNDS = 3
+SAVE_ROUNDS = 5
 
 
 # --- helpers shared by the phases ----------------------------------------------------------

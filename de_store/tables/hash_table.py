@@ -306,14 +306,18 @@ class HashTable(TableCore):
         def read_rows_in_store_order() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             # The live rows are those handed out and not on the free list: in the store's
             # order, a writer gathers them front to back (the index holds them scattered).
-            held, handed = int(count), int(handed_out)
-            live = np.ones(handed, dtype=bool)
-            live[np.asarray(free_rows)[: int(num_free)]] = False
-            rows = np.flatnonzero(live)
+            held, handed, freed = int(count), int(handed_out), int(num_free)
+            if freed:
+                live = np.ones(handed, dtype=bool)
+                live[np.asarray(free_rows)[:freed]] = False
+                rows = np.flatnonzero(live)
+            else:
+                rows = np.arange(handed)
             if len(rows) != held:  # not a table this layout describes: read the index
                 return tuple(np.asarray(x) for x in read_rows())  # type: ignore[return-value]
-            keys = np.asarray(row_keys)[rows].astype(self.key_dtype.as_numpy_dtype, copy=False)
-            return keys, rows, np.asarray(values)
+            keys = np.asarray(row_keys)
+            keys = keys[rows] if freed else keys[:held]
+            return keys.astype(self.key_dtype.as_numpy_dtype, copy=False), rows, np.asarray(values)
 
         def read() -> tuple[tf.Tensor, tf.Tensor]:
             keys, rows, store = read_rows()
