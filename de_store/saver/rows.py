@@ -27,7 +27,7 @@ from de_store.saver.variable_rows import (
     VALUE_COLUMN,
     ChangeBase,
     DeviceShardRows,
-    EvenBatches,
+    LoadBatch,
     PendingShardRows,
     RowsOf,
     ShardRows,
@@ -414,42 +414,33 @@ def shard_batches(
     (partitioned by ``default_partition_fn``: a key's shard from its hash), regrouped
     into the even batches of that shard's share (what ``grow_for_restore`` compiled).
 
-    The rows of a bucketed part are one key bucket, so with a shard count dividing the
-    bucket count a whole batch usually goes to one shard; any other batch is split.
+    Each batch's rows are ordered by shard (a counting sort of their shards) and gathered
+    straight into the load batch their shard is filling: one copy of every row, made by
+    the reading thread while the loads run (a gather into shard order, then a copy into
+    the load batches, moved every row twice through the memory both threads share).
     """
     count = len(variable.shards)
     most = load_rows(variable)
-    regrouped = [EvenBatches(max(share, 1), most) for share in shares]
+    sizes = [iter(even_sizes(max(share, 1), most)) for share in shares]
+    filling: list[LoadBatch | None] = [None] * count
     for batch in batches:
-        for shard, piece in split_by_shard(batch, count, variable.key_dtype.name):
-            for full in regrouped[shard].add(piece):
-                yield shard, full
-    for shard, rest in enumerate(regrouped):
-        for last in rest.finish():
-            yield shard, last
-
-
-def split_by_shard(batch: ShardRows, count: int, key_dtype: str) -> list[tuple[int, ShardRows]]:
-    """``(shard, rows)`` of ``batch``'s rows per table shard of a variable of ``count``
-    shards partitioned by ``default_partition_fn``, in shard order: the batch itself
-    when its keys share one shard, else views of one gather into shard order."""
-    if not batch.rows:
-        return []
-    owner = key_hash_mod(batch.keys, count, key_dtype)
-    if (owner == owner[0]).all():
-        return [(int(owner[0]), batch)]
-    order, sizes = bucket_order(owner, count)
-    keys = np.take(batch.keys, order)
-    columns = {name: np.take(c, order, axis=0) for name, c in batch.columns.items()}
-    ends = np.cumsum(sizes)
-    return [
-        (
-            shard,
-            ShardRows(keys[end - size : end], {n: c[end - size : end] for n, c in columns.items()}),
-        )
-        for shard, (size, end) in enumerate(zip(sizes.tolist(), ends.tolist(), strict=True))
-        if size
-    ]
+        if not batch.rows:
+            continue
+        owner = key_hash_mod(batch.keys, count, variable.key_dtype.name)
+        order, counts = bucket_order(owner, count)
+        start = 0
+        for shard, rows in enumerate(counts.tolist()):
+            index, start = order[start : start + rows], start + rows
+            while len(index):
+                load = filling[shard] or LoadBatch(next(sizes[shard], most), batch)
+                index = index[load.take(batch, index) :]
+                filling[shard] = load
+                if load.filled == load.size:
+                    yield shard, load.rows()
+                    filling[shard] = None
+    for shard, rest in enumerate(filling):
+        if rest is not None:
+            yield shard, rest.rows()
 
 
 def apply_delta(

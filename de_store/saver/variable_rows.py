@@ -266,10 +266,46 @@ def _aligned_concat(arrays: list[np.ndarray]) -> np.ndarray:
     TensorFlow can take it over without a copy (see ``rows.to_tensor``)."""
     if arrays[0].dtype == object:
         return np.concatenate(arrays)
-    shape = (sum(len(a) for a in arrays), *arrays[0].shape[1:])
-    dtype = arrays[0].dtype
+    out = aligned_empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
+    return np.concatenate(arrays, out=out)
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array aligned to :data:`TF_ALIGNMENT` bytes (object arrays as
+    numpy makes them)."""
+    if dtype.kind == "O":
+        return np.empty(shape, dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % TF_ALIGNMENT
-    out = raw[start : start + nbytes].view(dtype).reshape(shape)
-    return np.concatenate(arrays, out=out)
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+class LoadBatch:
+    """A load batch of ``size`` rows filled in place, a gather at a time (the rows of one
+    table shard taken out of the batches read: one copy of each row)."""
+
+    def __init__(self, size: int, like: ShardRows) -> None:
+        self.size = size
+        self.filled = 0
+        self.keys = aligned_empty((size,), like.keys.dtype)
+        self.columns = {
+            name: aligned_empty((size, *column.shape[1:]), column.dtype)
+            for name, column in like.columns.items()
+        }
+
+    def take(self, batch: ShardRows, index: np.ndarray) -> int:
+        """Gather as many rows ``index`` of ``batch`` as there is room for; return how many."""
+        count = min(len(index), self.size - self.filled)
+        part, end = index[:count], self.filled + count
+        # mode="clip": numpy gathers straight into ``out`` (the default mode buffers)
+        np.take(batch.keys, part, out=self.keys[self.filled : end], mode="clip")
+        for name, column in batch.columns.items():
+            np.take(column, part, axis=0, out=self.columns[name][self.filled : end], mode="clip")
+        self.filled = end
+        return count
+
+    def rows(self) -> ShardRows:
+        """The rows filled so far."""
+        columns = {name: column[: self.filled] for name, column in self.columns.items()}
+        return ShardRows(self.keys[: self.filled], columns)

@@ -18,7 +18,9 @@ from saver_helpers import content, make_variable
 
 import de_store as ds
 from de_store.errors import CheckpointCorruptError, ChecksumError
+from de_store.saver import rows as rows_module
 from de_store.saver import shards, streamed
+from de_store.saver.variable_rows import ShardRows, even_sizes
 from de_store.tables.hash_table import HashTable
 
 ROWS = 200_000  # dim 64: batches of 65,536 rows at most, so 4 load batches
@@ -118,6 +120,37 @@ def test_a_restore_empties_a_companion_the_checkpoint_does_not_hold(
     tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
     assert content(restored) == content(var)
     assert int(restored.companions()["adam_m"].size()) == 0
+
+
+def test_rows_are_regrouped_into_each_shards_even_load_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every row read goes, with all its columns and once, into a load batch of its key's
+    table shard; each shard gets its share in the even batches a restore compiles for,
+    its rows in the order they were read."""
+    monkeypatch.setattr(rows_module, "LOAD_ROWS", 4000)
+    var = make_variable("emb", None, dim=2, shards=3)
+    keys = np.random.default_rng(6).permutation(np.arange(-20_000, 30_000, dtype=np.int64))
+    values = np.stack([keys, -keys], 1).astype(np.float32)
+    slots = np.stack([keys * 2, keys * 3], 1).astype(np.float32)
+    read = [
+        ShardRows(
+            keys[i : i + 7000], {"value": values[i : i + 7000], "adam_m": slots[i : i + 7000]}
+        )
+        for i in range(0, len(keys), 7000)
+    ]
+    owner = np.mod(keys, 3)
+    shares = [int(np.sum(owner == shard)) for shard in range(3)]
+    regrouped = list(rows_module.shard_batches(read, var, shares))
+    for shard in range(3):
+        mine = [batch for to, batch in regrouped if to == shard]
+        assert [b.rows for b in mine] == even_sizes(shares[shard], 4000)
+        got = np.concatenate([b.keys for b in mine])
+        np.testing.assert_array_equal(got, keys[owner == shard])
+        for column, source in (("value", values), ("adam_m", slots)):
+            np.testing.assert_array_equal(
+                np.concatenate([b.columns[column] for b in mine]), source[owner == shard]
+            )
 
 
 def damage_a_part(tmp_path: Path, name: str) -> Path:
