@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from de_store.formats import get_format
 from de_store.saver.barrier import Barrier
 from de_store.saver.core import IOOptions
 from de_store.saver.incremental import IncrementalPolicy, policy_of
@@ -88,6 +89,7 @@ class FileSystemSaver:
         self.options = IOOptions(
             format, buffer_size, barrier_timeout_s, retry or RetryPolicy(), progress, bucketed
         )
+        get_format(format)  # its module loads now, not in the first save (which training waits for)
         if job_id is not None and (not isinstance(job_id, str) or not job_id):
             raise ValueError(f"job_id must be a non-empty string, got {job_id!r}")
         self.topology: Topology = detect_topology(proc_size, proc_rank)

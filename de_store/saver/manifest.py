@@ -18,6 +18,7 @@ instead of failing on the unknown field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -192,6 +193,12 @@ class Manifest:
 
 def library_versions() -> dict[str, str]:
     """Versions of the libraries that wrote a checkpoint."""
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> dict[str, str]:
+    # read once a process: each package's metadata is a file read (about 1 ms each)
     from importlib import metadata
 
     versions = {}
