@@ -96,6 +96,12 @@ def raw_write(path: str, keys: int, dim: int) -> float:
     return seconds
 
 
+def remove_raw(path: str) -> None:
+    """Delete the files :func:`raw_write` wrote at ``path``."""
+    for suffix in (".keys", ".values"):
+        os.remove(path + suffix)
+
+
 def bucket_reorder(keys: int, dim: int) -> float:
     """Seconds numpy and Arrow take to put the rows in key-bucket order, as a checkpoint
     shard holds them: each key's bucket (``key mod num_buckets``, de_store's bucket count

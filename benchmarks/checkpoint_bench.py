@@ -68,6 +68,7 @@ from _harness import (
     drop_cache,
     emit,
     raw_write,
+    remove_raw,
     rows,
     sample_rows,
     timed,
@@ -84,8 +85,8 @@ class PeakRss:
     Linux keeps the peak itself (``VmHWM`` in ``/proc/self/status``), and writing ``5`` to
     ``/proc/self/clear_refs`` resets it to the current RSS: nothing runs beside what is
     measured. Elsewhere a thread samples the RSS every ``interval`` seconds; sampling
-    slows a save (on Linux, a 10M save took twice as long), so no timed step runs in
-    this block.
+    slows the save it samples (a 10M save here takes about twice as long), so no timed
+    step runs in this block.
     """
 
     def __init__(self, interval: float = 0.005) -> None:
@@ -161,11 +162,6 @@ def make_variable(tf: Any, de_store: Any, args: argparse.Namespace, shards: int)
     )
 
 
-def remove_raw(path: str) -> None:
-    for suffix in (".keys", ".values"):
-        os.remove(path + suffix)
-
-
 def table_bytes(variable: Any) -> int:
     total = 0
     for shard in variable.shards:
@@ -188,8 +184,8 @@ def phase_save(args: argparse.Namespace) -> None:
 
 
 def table_saves(tf: Any, de_store: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Fill the table, then save it: sync (three timed, one more for the peak RSS), async
-    twice, bucketed, each format."""
+    """Fill the table, then save it: sync (``SAVE_ROUNDS`` timed, one more for the peak
+    RSS), async twice, bucketed, each format."""
     out: dict[str, Any] = {}
     variable = make_variable(tf, de_store, args, args.shards)
     start = time.perf_counter()

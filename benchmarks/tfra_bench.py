@@ -115,8 +115,7 @@ def phase_fill_save(args: argparse.Namespace) -> None:
     # costs far more to write into).
     raw = os.path.join(args.dir, f"raw-{args.side}")
     out["raw_write_fsync_s"] = harness.raw_write(raw, args.keys, args.dim)
-    for suffix in (".keys", ".values"):
-        os.remove(raw + suffix)
+    harness.remove_raw(raw)
     cpu = time.process_time()
     out["save_s"], _ = harness.timed(lambda: checkpoint.write(prefix))
     out["save_cpu_s"] = time.process_time() - cpu
@@ -173,8 +172,7 @@ def raw_read_reference(args: argparse.Namespace) -> dict[str, Any]:
     raw = os.path.join(args.dir, "raw")
     harness.raw_write(raw, args.keys, args.dim)
     out = harness.raw_read(raw, args.dim)
-    for suffix in (".keys", ".values"):
-        os.remove(raw + suffix)
+    harness.remove_raw(raw)
     return out
 
 

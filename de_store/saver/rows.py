@@ -369,7 +369,7 @@ def apply_rows(
         reserve = even_shares(len(variable.shards), max(reserve, rows))
     # companions too; a clear's first call on a device costs what instantiating its
     # kernel there does, a size's was paid when the restore checked the variable
-    if any(int(table.size()) for table in [variable, *variable.companions().values()]):
+    if holds_keys(variable):
         variable.clear()
     for target in targets.values():
         reserve_shards(target, reserve)
@@ -384,6 +384,11 @@ def apply_rows(
         keys = to_tensor(batch.keys)
         for column, target in targets.items():
             target.load_distinct(keys, to_tensor(batch.columns[column]))
+
+
+def holds_keys(variable: SavedVariable) -> bool:
+    """Whether ``variable`` or one of its companions holds a key."""
+    return any(int(table.size()) for table in [variable, *variable.companions().values()])
 
 
 def routes_by_hash(variable: SavedVariable) -> bool:
@@ -415,9 +420,9 @@ def shard_batches(
     into the even batches of that shard's share (what ``grow_for_restore`` compiled).
 
     Each batch's rows are ordered by shard (a counting sort of their shards) and gathered
-    straight into the load batch their shard is filling: one copy of every row, made by
-    the reading thread while the loads run (a gather into shard order, then a copy into
-    the load batches, moved every row twice through the memory both threads share).
+    straight into the load batch their shard is filling (:class:`LoadBatch`): every row
+    is copied once, by the reading thread, while the loads run in another thread that
+    shares the memory's bandwidth.
     """
     count = len(variable.shards)
     most = load_rows(variable)
@@ -498,9 +503,9 @@ def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) 
     keeps the room of a table that holds nothing. A variable that holds keys is left as
     it is: the restore empties it only after every shard was read (all or nothing).
     """
-    tables = [variable, *variable.companions().values()]
-    if any(int(table.size()) for table in tables):
+    if holds_keys(variable):
         return
+    tables = [variable, *variable.companions().values()]
     most = load_rows(variable)
     if routes_by_hash(variable):  # the batches apply_rows loads into each shard
         batch_rows = [even_sizes(max(share, 1), most)[0] for share in shares]

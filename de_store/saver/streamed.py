@@ -26,7 +26,7 @@ from de_store.backends.base import Backend
 from de_store.progress import Progress
 from de_store.saver import shards
 from de_store.saver.manifest import VariableEntry
-from de_store.saver.rows import ByShard, apply_rows, routes_by_hash, shard_batches
+from de_store.saver.rows import ByShard, apply_rows, holds_keys, routes_by_hash, shard_batches
 from de_store.saver.variable_rows import ShardRows
 
 T = TypeVar("T")
@@ -106,10 +106,7 @@ def read_ahead(items: Iterable[T], limit: int, size: Any, name: str) -> Generato
 def streams(variable: Any, chain: list[Any], proc_size: int) -> bool:
     """Whether ``variable``'s rows of ``chain`` (links ``(folder, manifest, entry)``)
     can be loaded while they are read: see the module's docstring."""
-    if proc_size != 1 or chain[0][2].removed:
-        return False
-    tables = [variable, *variable.companions().values()]
-    return all(int(table.size()) == 0 for table in tables)
+    return proc_size == 1 and not chain[0][2].removed and not holds_keys(variable)
 
 
 def load_while_reading(

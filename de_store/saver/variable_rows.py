@@ -264,8 +264,6 @@ def _concat(batches: list[ShardRows]) -> ShardRows:
 def _aligned_concat(arrays: list[np.ndarray]) -> np.ndarray:
     """``numpy.concatenate`` into a buffer aligned to :data:`TF_ALIGNMENT` bytes, so that
     TensorFlow can take it over without a copy (see ``rows.to_tensor``)."""
-    if arrays[0].dtype == object:
-        return np.concatenate(arrays)
     out = aligned_empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
     return np.concatenate(arrays, out=out)
 
@@ -282,8 +280,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 class LoadBatch:
-    """A load batch of ``size`` rows filled in place, a gather at a time (the rows of one
-    table shard taken out of the batches read: one copy of each row)."""
+    """A load batch of ``size`` rows of one table shard, filled in place: each
+    :meth:`take` gathers rows of a batch read straight into it."""
 
     def __init__(self, size: int, like: ShardRows) -> None:
         self.size = size
