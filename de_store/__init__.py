@@ -17,10 +17,34 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree, not i
     __version__ = "0+unknown"
 
 from de_store._cache import use_xla_cache as _use_xla_cache
+from de_store.errors import (
+    AlreadyExistsError,
+    BackendError,
+    BarrierTimeoutError,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    ChecksumError,
+    DestinationError,
+    DeStoreError,
+    FormatError,
+    GCRefusedError,
+    MissingDependencyError,
+    RepeatedKeysError,
+    SaveInterruptedError,
+    StorageNotFoundError,
+    StorageOptionError,
+    StorageUnreachableError,
+    TableError,
+    UnknownProtocolError,
+    VariableError,
+)
 
 _use_xla_cache()  # before TensorFlow's runtime starts: it reads TF_XLA_FLAGS once
 
 if TYPE_CHECKING:
+    from de_store._variable_args import InvalidValuesError
     from de_store.compact import compact
     from de_store.embedding import TrainableWrapper, embedding_lookup, trainable_wrapper_filter
     from de_store.modes import ModelMode, enable_inference_mode, enable_train_mode, get_model_mode
@@ -67,6 +91,7 @@ _LAZY_NAMES = {
     "trainable_wrapper_filter": "de_store.embedding",
     "Variable": "de_store.variable",
     "get_variable": "de_store.variable",
+    "InvalidValuesError": "de_store._variable_args",  # also TensorFlow's InvalidArgumentError
 }
 _LAZY_SUBMODULES = ("keras", "optimizers")  # import keras only when asked for
 
@@ -112,4 +137,27 @@ __all__ = [
     "trainable_wrapper_filter",
     "Variable",
     "__version__",
+    # errors (de_store.errors; docs/errors.md says when each is raised)
+    "AlreadyExistsError",
+    "BackendError",
+    "BarrierTimeoutError",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
+    "ChecksumError",
+    "DestinationError",
+    "DeStoreError",
+    "FormatError",
+    "GCRefusedError",
+    "InvalidValuesError",
+    "MissingDependencyError",
+    "RepeatedKeysError",
+    "SaveInterruptedError",
+    "StorageNotFoundError",
+    "StorageOptionError",
+    "StorageUnreachableError",
+    "TableError",
+    "UnknownProtocolError",
+    "VariableError",
 ]

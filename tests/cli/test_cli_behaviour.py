@@ -22,6 +22,14 @@ from de_store.testing.tfra_sample import tfra_sample
 
 #: The command, run from the de_store that this test imports.
 DE_STORE = [sys.executable, "-m", "de_store.cli"]
+#: The command, started with Python's own SIGINT handler: a parent that ignores SIGINT
+#: (nohup, a background job of a non-interactive shell) would pass that on to the child.
+DE_STORE_INTERRUPTIBLE = [
+    sys.executable,
+    "-c",
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'de-store'; runpy.run_module('de_store.cli', run_name='__main__')",
+]
 
 
 def test_version_comes_from_the_package_metadata(capsys) -> None:
@@ -78,7 +86,7 @@ def test_ctrl_c_exits_130(tmp_path: Path) -> None:
         endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
         options = json.dumps({"endpoint_url": endpoint, **servers.MOTO_CREDENTIALS})
         proc = subprocess.Popen(
-            [*DE_STORE, "ls", "s3://bkt/x", "--storage-options", options],
+            [*DE_STORE_INTERRUPTIBLE, "ls", "s3://bkt/x", "--storage-options", options],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import sys
 import time
 
@@ -23,6 +24,11 @@ import tensorflow as tf
 
 import de_store as ds
 from de_store.saver.barrier import Barrier
+
+# The test interrupts this process with SIGINT: a parent that ignores SIGINT (nohup, a
+# background job of a non-interactive shell) passes that on, and Python then installs no
+# KeyboardInterrupt handler of its own.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 KEYS = np.arange(-50, 50, dtype=np.int64)
 
