@@ -26,6 +26,9 @@ Measures, through the user path (``de_store.get_variable`` with a ``FileSystemSa
   this machine, next to the cold read of the same rows); ``dense_index_s``: then
   TensorFlow's own hash table (``DenseHashTable``, sized ahead) created for the same rows
   and inserting them, the plainest way to index the keys the restore reads;
+  ``repeat_check_s``: the check that no key is held twice, which a restore into a
+  variable that holds rows makes before emptying it (``format_<name>_restore_s`` restore
+  into such a variable: ``ratios`` gives the check's share of the parquet one);
 * ``reshard_restore_s``: the same (the faster of two) into a variable with another number
   of shards (logical CPU devices), after an earlier such restore
   (``reshard_restore_cold_cache_s``: its XLA compiles are for other shapes);
@@ -264,6 +267,7 @@ def phase_restore(args: argparse.Namespace) -> None:
     if args.shards == args.save_shards:
         if args.formats:  # once: the same keys indexed by TensorFlow's own table
             out["dense_index_s"] = harness.dense_index(tf, args.keys, args.dim)
+            out["repeat_check_s"] = repeat_check(variable)
         for name in args.formats:
             drop_cache(args.dir)
             url = os.path.join(args.dir, f"format-{name}")
@@ -278,6 +282,18 @@ def phase_restore(args: argparse.Namespace) -> None:
         path = os.path.join(args.dir, "dense", "ckpt")
         out["tf_dense_restore_s"], _ = timed(lambda: dense_checkpoint.read(path))
     emit(out)
+
+
+def repeat_check(variable: Any) -> float:
+    """Seconds of the check a restore into a variable holding rows makes before emptying
+    it (no key held twice), on the restored keys in batches of the reader's size."""
+    from de_store.saver.checks import has_repeated_key
+
+    keys = np.asarray(variable.export()[0])
+    batches = [keys[i : i + 65536] for i in range(0, len(keys), 65536)]
+    seconds, repeated = timed(lambda: has_repeated_key(batches))
+    assert not repeated
+    return seconds
 
 
 def verify(variable: Any, args: argparse.Namespace) -> bool:
@@ -328,6 +344,7 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
         "reshard_restore_over_restore": r["reshard_restore_s"] / r["restore_s"],
         "sync_save_over_tf_dense_save": r["sync_save_s"] / r["tf_dense_save_s"],
         "restore_over_tf_dense_restore": r["restore_s"] / r["tf_dense_restore_s"],
+        "repeat_check_over_restore_into_rows": r["repeat_check_s"] / r["format_parquet_restore_s"],
         "peak_rss_save_over_before_mb": (r["peak_rss_save_bytes"] - r["rss_before_save_bytes"])
         / 2**20,
     }

@@ -114,14 +114,28 @@ def check_schema_info(info: SchemaInfo) -> None:
         raise ValueError(
             f"key_dtype {info.key_dtype!r} of {info.name!r} is not one of {list(KEY_DTYPES)}"
         )
-    if info.dim < 1:
-        raise ValueError(f"dim of {info.name!r} must be >= 1, got {info.dim}")
+    for what, count in (("dim", info.dim), *((e.name, e.width) for e in info.extras if e.width)):
+        if not _is_count(count) or count < 1:
+            raise ValueError(f"{what} of {info.name!r} must be an integer >= 1, got {count!r}")
     for dtype in (info.value_dtype, *(e.dtype for e in info.extras)):
         if dtype not in VALUE_DTYPES:
             raise ValueError(f"dtype {dtype!r} in {info.name!r} is not one of {list(VALUE_DTYPES)}")
     names = info.columns
     if len(set(names)) != len(names):
         raise ValueError(f"column names of {info.name!r} repeat: {names}")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def column_row_bytes(info: SchemaInfo) -> list[int]:
+    """Bytes a row takes in each column (key, value, extras) when stored uncompressed at
+    fixed width: the element's size times the values a row; a string key counts the
+    4-byte offset or length that Arrow and Parquet store for each string at least."""
+    key = 4 if info.key_dtype == "string" else KEY_DTYPES[info.key_dtype].byte_width
+    columns = [(info.value_dtype, info.dim), *((e.dtype, e.width or 1) for e in info.extras)]
+    return [key, *(VALUE_DTYPES[dtype].byte_width * width for dtype, width in columns)]
 
 
 def list_type(storage: pa.DataType, width: int) -> pa.DataType:

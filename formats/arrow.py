@@ -55,6 +55,7 @@ class ArrowFormat(ShardFormat):
 
     name = "arrow"
     suffix = ".arrow"
+    header_bytes = 8  # ARROW1 and two bytes of padding
 
     def __init__(self, compression: str | None = "none") -> None:
         compression = compression or "none"

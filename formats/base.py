@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -28,7 +29,7 @@ import pyarrow as pa
 
 from de_store.errors import FormatError
 
-from ._schema import FORMAT_VERSION, ExtraColumn, Key, SchemaInfo
+from ._schema import FORMAT_VERSION, ExtraColumn, Key, SchemaInfo, column_row_bytes
 from .batches import select, split
 
 if TYPE_CHECKING:
@@ -194,6 +195,47 @@ class ShardFormat(abc.ABC):
     name: ClassVar[str]
     #: Suggested file name suffix (".parquet", ".arrow", "" for binary).
     suffix: ClassVar[str]
+    #: The codec this instance writes with ("none": rows stored at their full width).
+    compression: str = "none"
+    #: Bytes every file of the format holds before its first part (its magic number).
+    header_bytes: ClassVar[int] = 0
+
+    @classmethod
+    def file_name_ends(cls) -> str:
+        """A regular expression for what each file of a shard adds to the path ``write``
+        was given: ``re.escape(suffix)`` for a format of one file per shard.
+
+        ``de-store gc`` recognises a save's shard files by it (a format writing several
+        files, such as ``binary`` with one per column, says so here), so cleanup knows
+        every file a format writes, whatever its columns.
+        """
+        return re.escape(cls.suffix)
+
+    def min_part_bytes(self, schema: SchemaInfo, rows: int) -> int:
+        """The fewest bytes, over all its files, that a part of ``rows`` rows of ``schema``
+        takes in this format as this instance writes it.
+
+        Uncompressed: the rows at fixed width (see
+        :func:`~de_store.formats._schema.column_row_bytes`); compressed: one bit a row,
+        since every row holds a distinct key.
+        """
+        if self.compression != "none":
+            return (rows + 7) // 8
+        return rows * sum(column_row_bytes(schema))
+
+    def part_size_problem(
+        self, schema: SchemaInfo, rows: int, lengths: Sequence[int]
+    ) -> str | None:
+        """What is wrong with a part recorded as ``rows`` rows in byte ranges of
+        ``lengths`` (one per file), or None: a manifest's row counts are checked by it
+        before anything is sized from them."""
+        least = self.min_part_bytes(schema, rows)
+        if sum(lengths) < least:
+            return (
+                f"{rows} rows in {sum(lengths)} bytes: a {self.name} part of {rows} rows "
+                f"takes at least {least} bytes"
+            )
+        return None
 
     @abc.abstractmethod
     def write(

@@ -54,7 +54,9 @@ _COLUMN_NAME = re.compile(r"[A-Za-z0-9_.]+")
 
 
 def column_paths(path: str, schema_info: SchemaInfo) -> list[str]:
-    """The files of a binary shard at ``path``: keys, values, then one per extra column."""
+    """The files of a binary shard at ``path``: keys, values, then one per extra column
+    (each name ends as :meth:`BinaryFormat.file_name_ends` says: :func:`check_storable`
+    refuses a column name that would not)."""
     return [path + KEYS_SUFFIX, path + VALUES_SUFFIX] + [
         f"{path}-{extra.name}" for extra in schema_info.extras
     ]
@@ -88,6 +90,11 @@ class BinaryFormat(ShardFormat):
     name = "binary"
     suffix = ""
 
+    @classmethod
+    def file_name_ends(cls) -> str:
+        """``-keys``, ``-values`` and ``-{column}`` (see :func:`column_paths`)."""
+        return f"-{_COLUMN_NAME.pattern}"
+
     def write(
         self,
         backend: Backend,
@@ -112,6 +119,16 @@ class BinaryFormat(ShardFormat):
             parts = write_parts(write_part, batches, schema_info.arrow_schema(), buffer_size, where)
         files = [FileInfo(p, s.position, s.crc32c) for p, s in zip(paths, sinks, strict=True)]
         return shard_info(self.name, path, schema_info, parts, files)
+
+    def part_size_problem(
+        self, schema: SchemaInfo, rows: int, lengths: Sequence[int]
+    ) -> str | None:
+        """Each file holds a part's rows at exactly their width: anything else is damage."""
+        widths = [numpy_dtype(d).itemsize * n for d, n in column_layout(schema)]
+        if list(lengths) != [rows * w for w in widths]:
+            return (f"{rows} rows in byte ranges of {list(lengths)} bytes: a binary part "
+                    f"of {rows} rows takes {[rows * w for w in widths]}")  # fmt: skip
+        return None
 
     def read_verified(
         self, backend: Backend, path: str, expected: ShardInfo, request: ReadRequest

@@ -38,7 +38,14 @@ from de_store.progress import Progress, progress_for
 from de_store.saver import events, incremental, shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier, job_poll_max_s
 from de_store.saver.chain import chain_links, parent_reference
-from de_store.saver.checks import Problem, link_problems, raise_first, repeated_key
+from de_store.saver.checks import (
+    Problem,
+    has_repeated_key,
+    link_problems,
+    raise_first,
+    repeated_key,
+    size_problems,
+)
 from de_store.saver.commit import (
     RANKS_DIR,
     CommitStrategy,
@@ -525,9 +532,9 @@ def restore_checkpoint(
     each variable's next incremental save is a delta on this checkpoint.
 
     Every link is checked as ``de-store verify`` checks it (:mod:`de_store.saver.checks`):
-    its shard records before any read, its rows as they are read. A checkpoint whose full
-    link holds a key twice is found while the rows are loaded, after the table was
-    emptied: that variable is left empty.
+    its manifest's numbers and its files' sizes before any read, its rows as they are
+    read, and no key held twice before any variable that holds rows is emptied. A refused
+    restore leaves every variable as it was.
 
     A variable that holds nothing, restored by one process, loads its full link's rows
     while they are read (:mod:`de_store.saver.streamed`), its chain's deltas read and
@@ -552,8 +559,12 @@ def restore_checkpoint(
     urls = [[f"{backend.url.rstrip('/')}/{link}" for link, *_ in chain] for chain in chains]
     for variable, chain, chain_urls in zip(variables, chains, urls, strict=True):
         for (link, link_manifest, entry), url in zip(chain, chain_urls, strict=True):
-            check_compatible(variable, entry, url)
+            # the manifest's numbers and the files' real sizes first: nothing is sized,
+            # compared or looped over from a number they have not checked
             raise_first(link_problems(backend, link, link_manifest.proc_size, [entry]), where)
+            sizes = size_problems(backend.sub(link), [*entry.shards, *entry.removed])
+            raise_first([dataclasses.replace(p, path=f"{url}/{p.path}") for p in sizes], where)
+            check_compatible(variable, entry, url)
     total = sum(entry.rows + entry.removed_rows for chain in chains for *_, entry in chain)
     # Empty variables grow for their rows while the shards are read (rows.grow_for_restore)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="de_store-grow") as pool:
@@ -589,6 +600,11 @@ def restore_checkpoint(
                         loaded[i] = _read_chain(backend, chains[i], topology, options, bar)
             for grown in growing:
                 grown.result()
+            # what a load would find, found before any variable that holds rows is emptied
+            for variable, chain_urls, links, s in zip(variables, urls, loaded, stream,
+                                                      strict=True):  # fmt: skip
+                if not s:
+                    _check_chain_rows(variable, chain_urls, links)
             for variable, chain, links, s in zip(variables, chains, loaded, stream, strict=True):
                 if s:  # its deltas, on the full link loaded while it was read
                     with variable.exclusive():
@@ -645,12 +661,9 @@ def _apply_chain(
     """The full link replaces the content; each delta removes its keys, upserts its rows.
     Each table shard is grown first for its entry of ``shares``, the rows it receives.
 
-    Each link's rows must hold each key once (``folders`` name the links). A delta's are
-    checked before anything is applied (a sort of its rows: deltas are upserted, which
-    finds no repeat); the full link's while it is bulk-loaded, so a repeat there empties
-    the variable. Either raises, naming the key and the files that hold it.
+    The rows were checked by :func:`_check_chain_rows`; a key the table still finds
+    repeated (which that check rules out) empties the variable, named in the error.
     """
-    _check_deltas(variable, folders[1:], links[1:])
     first = [rows for _, rows in links[0][0]]
     # Eager calls from other threads (a training loop) wait: the size check below and the
     # chain see this restore's rows only, and the restore is one step to them.
@@ -665,6 +678,19 @@ def _apply_chain(
             found = repeated_key((path, r.keys) for path, r in links[0][0])
             _refuse_repeated(variable, folders[0], found, " (the variable was emptied)")
         _apply_deltas(variable, entries[1:], links[1:])
+
+
+def _check_chain_rows(
+    variable: SavedVariable,
+    folders: list[str],
+    links: list[tuple[list[FileRows], list[FileRows]]],
+) -> None:
+    """Refuse a chain (links in checkpoints ``folders``) whose full link or a delta holds a
+    key twice, before anything is applied, naming the key and the files that hold it."""
+    rows = links[0][0]
+    if has_repeated_key([r.keys for _, r in rows]):
+        _refuse_repeated(variable, folders[0], repeated_key((path, r.keys) for path, r in rows))
+    _check_deltas(variable, folders[1:], links[1:])
 
 
 def _check_deltas(

@@ -3,7 +3,11 @@
 Used by :mod:`de_store.saver.gc`: a folder counts as de_store's staging only when every
 file in it has a name a save writes (commit records, manifests, ``LOCK``, ``ABORT``,
 ``_ranks/`` and ``_barrier/`` files, shard files ``[removed-]r{rank}-s{shard}-{8 hex}``
-with their format's suffix, and the local backend's ``.NAME.{12 hex}.tmp`` files).
+ending as a registered shard format ends its files, and the local backend's
+``.NAME.{12 hex}.tmp`` files). The ends come from each format's own
+:meth:`~de_store.formats.ShardFormat.file_name_ends` (``.parquet``, ``.arrow``, and
+``binary``'s ``-keys``, ``-values`` and ``-{column}`` of every slot column), so a format
+or a column added later is recognised as its writer names it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import re
 
 from de_store.backends.base import Backend
 from de_store.errors import CheckpointError
+from de_store.formats import FORMATS, format_class
 from de_store.saver.commit import (
     COMMIT_PREFIX,
     PENDING_SUFFIX,
@@ -26,7 +31,14 @@ from de_store.saver.manifest import Manifest, manifest_from_json
 
 _TEMP = r"(\.[0-9a-f]{12}\.tmp)?"
 _META = r"LOCK|ABORT|COMMIT-\d+|manifest-\d+\.json"
-_SHARD = r"(removed-)?r\d{5}-s\d{5}-[0-9a-f]{8}(\.parquet|\.arrow|-keys|-values)?"
+
+
+def _shard_file_ends() -> str:
+    """What any registered format's files add to a shard's path (one alternative each)."""
+    return "|".join(sorted({format_class(name).file_name_ends() for name in FORMATS}))
+
+
+_SHARD = rf"(removed-)?r\d{{5}}-s\d{{5}}-[0-9a-f]{{8}}({_shard_file_ends()})"
 _OWN = re.compile(rf"\.?({_META}){_TEMP}|(_ranks|_barrier)/.+|[^/]+/\.?{_SHARD}{_TEMP}")
 _SHARD_FILE = re.compile(rf"[^/]+/\.?{_SHARD}{_TEMP}")
 _CHECKPOINT_FILE = re.compile(r"COMMIT-\d+|manifest-\d+\.json")

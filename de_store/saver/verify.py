@@ -22,7 +22,13 @@ from de_store.formats import ShardInfo
 from de_store.formats.base import DEFAULT_BUFFER_SIZE
 from de_store.progress import NO_PROGRESS, Progress
 from de_store.saver.chain import resolve_chain
-from de_store.saver.checks import Problem, link_problems, read_checked, repeated_key
+from de_store.saver.checks import (
+    Problem,
+    link_problems,
+    read_checked,
+    repeated_key,
+    size_problems,
+)
 from de_store.saver.commit import read_manifest
 from de_store.saver.manifest import Manifest, ShardRecord
 
@@ -64,11 +70,11 @@ def verify_checkpoint(
     for entry in manifest.variables.values():
         found = link_problems(backend, folder, manifest.proc_size, [entry])
         problems += found
-        damaged = {p.path for p in found}
+        damaged = _damaged(folder_backend, [*entry.shards, *entry.removed], found)
         for tombstones, records in ((False, entry.shards), (True, entry.removed)):
             keys: list[tuple[str, np.ndarray]] = []  # rows, then tombstones of a delta
             for record in records:
-                if _url(folder_backend, record.path) in damaged:
+                if id(record) in damaged:  # its numbers cannot be trusted: not read
                     progress.update(_size(record))
                     continue
                 info = ShardInfo.from_dict(record.info)
@@ -84,6 +90,23 @@ def verify_checkpoint(
 
 def _url(backend: Backend, path: str) -> str:
     return f"{backend.url.rstrip('/')}/{path}"
+
+
+def _damaged(folder: Backend, records: list[ShardRecord], found: list[Problem]) -> set[int]:
+    """The ids of ``records`` that ``found`` names (by the shard's or a file's path); all
+    of them when a problem is the entry's own (its numbers are not to be trusted)."""
+    named: dict[str, set[int]] = {}
+    for record in records:
+        info = record.info if isinstance(record.info, dict) else {}
+        files = info.get("files")
+        listed = files if isinstance(files, list) else []
+        paths = [info.get("path"), *(f.get("path") for f in listed if isinstance(f, dict))]
+        for path in paths:
+            named.setdefault(_url(folder, str(path)), set()).add(id(record))
+    damaged: set[int] = set()
+    for problem in found:
+        damaged |= named.get(problem.path, {id(r) for r in records})
+    return damaged
 
 
 def _size(record: ShardRecord) -> int:
@@ -114,12 +137,7 @@ def _check_shard(
 ) -> list[Problem]:
     """Presence and size of each file, then a full verified and checked read (as a restore
     reads); the keys read go to ``keys``."""
-    problems = []
-    for file in info.files:
-        if not folder.exists(file.path):
-            problems.append(Problem(file.path, "missing"))
-        elif (size := folder.size(file.path)) != file.bytes:
-            problems.append(Problem(file.path, f"expected {file.bytes} bytes, found {size}"))
+    problems = size_problems(folder, [record])
     if problems:
         progress.update(info.bytes)
         return problems

@@ -92,14 +92,25 @@ class StopAtBarrier(Barrier):
         self.cancel.set()
 
 
-def interrupted_save(url: str, options: dict | None = None, job_id: str | None = None) -> None:
-    """A save of ``url`` that wrote its shards and rank manifest, then stopped."""
+def interrupted_save(
+    url: str,
+    options: dict | None = None,
+    job_id: str | None = None,
+    *,
+    format: str = "parquet",
+    slots: tuple[str, ...] = (),
+) -> None:
+    """A save of ``url`` that wrote its shards and rank manifest, then stopped; the
+    variable carries a companion column for each of ``slots``."""
     backend, name = open_location(url, options or {})
     var = filled(9.0)
+    for slot in slots:
+        var.companion(slot, DIM, tf.float32).upsert(tf.range(10, dtype=tf.int64),
+                                                    tf.fill([10, DIM], 2.0))  # fmt: skip
     rows = incremental.snapshots([var], None, url)
     cancel = threading.Event()
     with pytest.raises(SaveInterruptedError):
-        core.save_checkpoint(rows, backend, name, Topology(1, 0), core.IOOptions(),
+        core.save_checkpoint(rows, backend, name, Topology(1, 0), core.IOOptions(format=format),
                              barrier=StopAtBarrier(cancel), cancel=cancel,
                              job_id=job_id)  # fmt: skip
 
@@ -196,6 +207,56 @@ def test_gc_lists_without_yes_and_deletes_only_de_stores_staging_with_it(
     assert sorted(p.name for p in kv.iterdir()) == ["ckpt-1", "ckpt-2", "mine.pending", "notes"]
     assert tree(kv) == [p for p in before if not p.startswith("ckpt-3.pending/")]
     assert tf_restored_value(str(tmp_path / "run" / "ckpt-1")) == {1.0}
+
+
+FORMATS_AND_SLOTS = [
+    (fmt, slots)
+    for fmt in ("parquet", "arrow", "binary")
+    for slots in ((), ("adam_m", "adam_v"), ("adagrad_accumulator", "my.slot_2"))
+]
+
+
+@pytest.mark.parametrize(("fmt", "slots"), FORMATS_AND_SLOTS)
+def test_gc_removes_the_staging_of_every_format_and_slot_column(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fmt: str, slots: tuple[str, ...]
+) -> None:
+    kv = tmp_path / "kv"
+    ds.save([filled(1.0)], str(kv / "A"), blocking=True)
+    interrupted_save(str(kv / "B"), format=fmt, slots=slots)
+    staged = tree(kv / "B.pending")
+    for slot in slots if fmt == "binary" else ():  # a file per slot column, written
+        assert any(path.endswith(f"-{slot}") for path in staged), staged
+    age(kv)
+    code, out, _ = gc_cli(capsys, "--yes", str(kv))
+    assert code == 0
+    assert out.splitlines() == [
+        "removed B.pending: staging folder of a save that never committed",
+        f"removed 1 item(s) under {kv}",
+    ]
+    assert sorted(p.name for p in kv.iterdir()) == ["A"]
+    assert restored_value(str(kv / "A")) == {1.0}
+
+
+@pytest.mark.parametrize(("fmt", "slots"), FORMATS_AND_SLOTS)
+def test_gc_on_s3_removes_the_shard_files_of_every_format_and_slot_column(
+    s3_location: StorageLocation, fmt: str, slots: tuple[str, ...]
+) -> None:
+    root, options = s3_location.url, s3_location.storage_options
+    ds.save([filled(1.0)], f"{root}/A", blocking=True, storage_options=options)
+    backend = open_backend(root, options)
+    committed = backend.list("A")
+    interrupted_save(f"{root}/A", options, format=fmt, slots=slots)  # an uncommitted rewrite
+    interrupted_save(f"{root}/B", options, format=fmt, slots=slots)  # a save never committed
+    left = sorted(set(backend.list("A")) - set(committed))
+    for slot in slots if fmt == "binary" else ():
+        assert any(path.endswith(f"-{slot}") for path in left), left
+    removed = gc.collect(backend, grace_s=0)
+    shard_files = 2 + len(slots) if fmt == "binary" else 1  # binary: a file per column
+    assert sorted(g.kind for g in removed) == ["attempt", *["shard"] * shard_files,
+                                               "uncommitted"]  # fmt: skip
+    assert backend.list("A") == committed
+    assert sorted({p.split("/", 1)[0] for p in backend.list("")}) == ["A"]
+    assert restored_value(f"{root}/A", options) == {1.0}
 
 
 def test_gc_on_s3_deletes_an_uncommitted_folder_and_refuses_a_checkpoint(

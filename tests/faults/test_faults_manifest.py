@@ -4,6 +4,7 @@ each one alike, naming the file, and the table keeps its content where it can.""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from faults_helpers import content, make_variable
 
+import de_store as ds
 from de_store.backends import Backend, open_backend
 from de_store.catalog import list_checkpoints
 from de_store.cli import main
@@ -107,7 +109,26 @@ def test_two_shards_holding_the_same_keys_are_refused(tmp_path: Path) -> None:
     backend, folder = save(tmp_path, [keys, keys[50:]])  # keys 50..99 twice, other values
     files = [s["info"]["path"] for s in shards_of(json.loads((folder / MANIFEST).read_text()))]
     message = refused(backend, "key 50 is held 2 times", *files)
-    assert "50 extra copies" in message and "the variable was emptied" in message
+    assert "50 extra copies" in message and "emptied" not in message
+    var = make_variable()
+    var.upsert(np.array([123456], np.int64), np.ones([1, 4], np.float32))
+    with pytest.raises(CheckpointCorruptError, match="key 50 is held 2 times"):
+        restore_checkpoint([var], backend, "ckpt", SINGLE, IOOptions())
+    assert content(var) == {123456: (1.0, 1.0, 1.0, 1.0)}  # found before it was emptied
+
+
+def test_a_repeat_in_the_second_variable_leaves_the_first_as_it_was(tmp_path: Path) -> None:
+    keys = np.arange(100)
+    good, bad = variable_rows([keys[:50], keys[50:]]), variable_rows([keys, keys[50:]])
+    bad = dataclasses.replace(bad, name="other")
+    backend = open_backend(str(tmp_path))
+    save_checkpoint([good, bad], backend, "ckpt", SINGLE, IOOptions())
+    first, second = make_variable(), ds.Variable("other", dim=4)
+    for var in (first, second):
+        var.upsert(np.array([123456], np.int64), np.ones([1, 4], np.float32))
+    with pytest.raises(CheckpointCorruptError, match=r"variable 'other'.*key 50 is held 2 times"):
+        restore_checkpoint([first, second], backend, "ckpt", SINGLE, IOOptions())
+    assert content(first) == content(second) == {123456: (1.0, 1.0, 1.0, 1.0)}
 
 
 def test_part_buckets_that_do_not_match_the_keys_are_refused(tmp_path: Path) -> None:
