@@ -7,7 +7,8 @@ reduces every dimension between the batch and the row with ``combiner``;
 
 A layer's table is its weights for Keras: ``model.save("m.keras")`` writes every key and
 row (and the optimizer slots kept beside them) through ``save_own_variables``, and
-``keras.models.load_model`` puts them back. ``get_config`` holds the layer's arguments;
+``keras.models.load_model`` puts them back, after checking the file's entries against the
+layer (:mod:`de_store.keras._weights`). ``get_config`` holds the layer's arguments;
 ``kv_creator`` is not in it (a saver names storage of the saving process), so a loaded
 layer has the default creator until one is given.
 """
@@ -23,6 +24,7 @@ import tensorflow as tf
 
 from de_store import restrict
 from de_store.embedding import embedding_lookup, trainable_wrapper
+from de_store.keras import _weights
 from de_store.partition import Partitioner, default_partition_fn
 from de_store.variable import HashTableCreator, get_variable
 
@@ -159,27 +161,18 @@ class Embedding(keras.layers.Layer):
 
     # -- the table as the layer's weights in a .keras file -----------------------------
     def save_own_variables(self, store: Any) -> None:
-        """Write every key and row of the table, and of its companions (optimizer slots)."""
-        tables = {"": self.params, **{f"{c}.": v for c, v in self.params.companions().items()}}
-        for prefix, variable in tables.items():
-            keys, values = variable.export()
-            store[f"{prefix}keys"] = keys.numpy()
-            store[f"{prefix}values"] = values.numpy()
+        """Write every key and row of the table, and of its companions (optimizer slots),
+        with their crc32c (see :mod:`de_store.keras._weights`)."""
+        _weights.save_tables(store, self.params)
 
     def load_own_variables(self, store: Any) -> None:
-        """Replace the table's content (and its companions') by what ``store`` holds."""
-        self.params.clear()
-        for name in list(store.keys()):
-            if not name.endswith("keys"):
-                continue
-            prefix = name[: -len("keys")]
-            keys, values = np.asarray(store[name]), np.asarray(store[f"{prefix}values"])
-            variable = self.params
-            if prefix:
-                column = prefix[:-1]
-                variable = self.params.companion(column, values.shape[1], tf.as_dtype(values.dtype))
-            if len(keys):
-                variable.upsert(keys, values)
+        """Replace the table's content (and its companions') by what ``store`` holds.
+
+        Every entry is checked against the layer (names, key dtype, width, row counts,
+        crc32c) before any table changes: a file that does not fit raises, naming the
+        layer, and leaves the tables as they were.
+        """
+        _weights.load_tables(store, self.params, self.name)
 
 
 @keras.saving.register_keras_serializable(package="de_store")
