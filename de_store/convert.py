@@ -193,6 +193,7 @@ def _tfra_loader(
     schema = tfra.SchemaInfo(name, dim, key_dtype, value_dtype)
     check = functools.partial(_check_tfra_sizes, backend, keys_path, values_path, schema)
     check(backend.size(keys_path), backend.size(values_path))  # before anything is written
+    _check_distinct_keys(backend, keys_path, schema.key_dtype)
 
     def load() -> Rows:
         keys, values = backend.read_bytes(keys_path), backend.read_bytes(values_path)
@@ -228,8 +229,24 @@ def _check_tfra_sizes(
         raise FormatError(
             f"TFRA values file {where}/{values_path}: expected {rows:,} keys x dim "
             f"{schema.dim} x {item_size} bytes ({schema.value_dtype}) = {expected:,} bytes, "
-            f"found {values_bytes:,}{per_row}; TFRA files record no dim or dtype: check "
-            "--dim and --value-dtype"
+            f"found {values_bytes:,}{per_row} (the keys are those of "
+            f"{keys_path.rpartition('/')[2]}, {keys_bytes:,} bytes); TFRA files record no "
+            "dim or dtype: check --dim and --value-dtype"
+        )
+
+
+def _check_distinct_keys(backend: Backend, keys_path: str, key_dtype: str) -> None:
+    """A TFRA table holds each key once; a keys file holding one twice would make a
+    checkpoint that no restore accepts, so it is refused before anything is written."""
+    keys = np.frombuffer(backend.read_bytes(keys_path), numpy_dtype(key_dtype))
+    keys = np.sort(keys)
+    repeated = np.flatnonzero(keys[1:] == keys[:-1])
+    if len(repeated):
+        key = keys[repeated[0]]
+        raise FormatError(
+            f"TFRA keys file {backend.url.rstrip('/')}/{keys_path}: expected each key once, "
+            f"found key {key} {np.count_nonzero(keys == key)} times ({len(repeated):,} extra "
+            "copies of keys in all)"
         )
 
 
