@@ -26,7 +26,8 @@ from de_store.formats.binary import numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
 from de_store.saver import shards
 from de_store.saver.buckets import bucket_order, choose_num_buckets, key_hash_mod
-from de_store.saver.chain import resolve_chain
+from de_store.saver.chain import chain_links
+from de_store.saver.checks import check_link
 from de_store.saver.commit import read_manifest
 from de_store.saver.manifest import ColumnSpec, Manifest, ShardRecord, VariableEntry
 from de_store.saver.retry import RetryPolicy
@@ -64,9 +65,13 @@ def chain_source(
         ``name`` or a link of a chain is missing or uncommitted (the message names it).
     """
     _, manifest = read_manifest(backend, name)
+    where = f"{backend.url.rstrip('/')}/{name}"
     out = []
     for var_name in sorted(manifest.variables):
-        links = resolve_chain(backend, name, var_name, RetryPolicy())
+        chain = chain_links(backend, name, var_name, RetryPolicy())
+        for folder, link_manifest, entry in chain:  # before any count is used
+            check_link(backend, folder, link_manifest.proc_size, entry, where)
+        links = [(folder, entry) for folder, _, entry in chain]
         newest = links[-1][1]
         _check_links(links, f"{backend.url.rstrip('/')}/{name}")
         rows = sum(entry.rows + entry.removed_rows for _, entry in links)

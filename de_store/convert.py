@@ -36,9 +36,10 @@ from de_store.compact import chain_source, compact, flattened_source
 from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
 from de_store.formats import FORMATS, batch_to_numpy, tfra
 from de_store.formats.batches import batch_from_numpy
-from de_store.formats.binary import KEYS_SUFFIX, VALUES_SUFFIX, decode_pair, numpy_dtype
+from de_store.formats.binary import decode_pair, numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
 from de_store.saver import shards
+from de_store.saver.checks import check_link
 from de_store.saver.commit import read_manifest
 from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.saver.variable_rows import ShardRows, VariableRows
@@ -55,6 +56,8 @@ def checkpoint_source(backend: Backend, name: str) -> list[SourceVariable]:
     folder, manifest = read_manifest(backend, name)
     if manifest.incremental:
         return flattened_source(backend, name)
+    for entry in manifest.variables.values():  # before any count is used
+        check_link(backend, folder, manifest.proc_size, entry, f"{backend.url.rstrip('/')}/{name}")
     folder_backend = backend.sub(folder)
 
     def loader(record: ShardRecord) -> RowsLoader:
@@ -130,44 +133,56 @@ def tfra_source(
     out = []
     for name in names:
         slots = tfra_slot_stems(name.replace("/", "_"), stems)
+        slot_tables = {column: _tables_of(backend, other) for column, other in slots.items()}
         by_rank: dict[int, list[tuple[int, RowsLoader]]] = {}
         proc_size = 1
-        for path in tfra.find_files(backend, name):
-            match = _TFRA_FILE.match(path)
-            assert match is not None
-            table, num_tables, rank, proc_size = (int(g) for g in match.groups()[1:])
-            load = _tfra_loader(backend, path, name, dim, key_dtype, value_dtype)
+        for pair in tfra.find_pairs(backend, name):
+            proc_size = pair.proc_size
+            load = _tfra_loader(backend, pair, name, dim, key_dtype, value_dtype)
             if slots:
-                load = _with_slots(backend, load, slots, path, name, dim, key_dtype, value_dtype)
-            by_rank.setdefault(rank, []).append((rank * num_tables + table - 1, load))
+                slot_pairs = {
+                    c: _slot_pair(tables, pair, slots[c]) for c, tables in slot_tables.items()
+                }
+                load = _with_slots(backend, load, slot_pairs, dim, key_dtype, value_dtype)
+            by_rank.setdefault(pair.rank, []).append(
+                (pair.rank * pair.num_tables + pair.table - 1, load)
+            )
         columns = {c: ColumnSpec(value_dtype, dim) for c in ("value", *sorted(slots))}
         out.append(SourceVariable(name, key_dtype, value_dtype, dim, columns, proc_size, by_rank))
     return out
 
 
+def _tables_of(backend: Backend, name: str) -> dict[tuple[int, int], tfra.TablePair]:
+    return {(p.rank, p.table): p for p in tfra.find_pairs(backend, name)}
+
+
+def _slot_pair(
+    tables: dict[tuple[int, int], tfra.TablePair], pair: tfra.TablePair, slot: str
+) -> tfra.TablePair:
+    """The table of slot variable ``slot`` that holds the slots of ``pair``'s keys."""
+    found = tables.get((pair.rank, pair.table))
+    if found is None or (found.num_tables, found.proc_size) != (pair.num_tables, pair.proc_size):
+        raise FormatError(
+            f"TFRA slot variable {slot!r}: expected table {pair.table} of {pair.num_tables} on "
+            f"rank {pair.rank} of {pair.proc_size}, as its variable has ({pair.keys}), found "
+            f"{sorted((p.table, p.num_tables, p.rank, p.proc_size) for p in tables.values())}"
+        )
+    return found
+
+
 def _with_slots(
     backend: Backend,
     load: RowsLoader,
-    slots: dict[str, str],
-    path: str,
-    name: str,
+    slots: dict[str, tfra.TablePair],
     dim: int,
     key_dtype: str,
     value_dtype: str,
 ) -> RowsLoader:
     """``load`` plus the rows of each slot's table of the same rank and number, by key;
     a key the slot does not hold (never trained) gets zeros."""
-    stem = name.replace("/", "_")
     slot_loaders = {
-        column: _tfra_loader(
-            backend,
-            path.replace(stem + "_mht_", other + "_mht_"),
-            other,
-            dim,
-            key_dtype,
-            value_dtype,
-        )
-        for column, other in slots.items()
+        column: _tfra_loader(backend, pair, column, dim, key_dtype, value_dtype)
+        for column, pair in slots.items()
     }
 
     def load_all() -> Rows:
@@ -187,9 +202,9 @@ def _with_slots(
 
 
 def _tfra_loader(
-    backend: Backend, keys_path: str, name: str, dim: int, key_dtype: str, value_dtype: str
+    backend: Backend, pair: tfra.TablePair, name: str, dim: int, key_dtype: str, value_dtype: str
 ) -> RowsLoader:
-    values_path = keys_path[: -len(KEYS_SUFFIX)] + VALUES_SUFFIX
+    keys_path, values_path = pair.keys, pair.values
     schema = tfra.SchemaInfo(name, dim, key_dtype, value_dtype)
     check = functools.partial(_check_tfra_sizes, backend, keys_path, values_path, schema)
     check(backend.size(keys_path), backend.size(values_path))  # before anything is written

@@ -31,10 +31,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from de_store.backends.base import Backend
-from de_store.errors import CheckpointCorruptError, DeStoreError
+from de_store.errors import CheckpointCorruptError, DeStoreError, StorageNotFoundError
 from de_store.formats import FORMATS, SchemaInfo, ShardInfo, get_format
 from de_store.formats._schema import KEY_DTYPES, VALUE_DTYPES
 from de_store.formats.batches import batch_to_numpy
@@ -44,6 +43,8 @@ from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
 
 #: Stands for the manifest's file name in problems until one is found (see link_problems).
 _MANIFEST = "manifest"
+#: What a problem says of a file the manifest records that is not there.
+MISSING = "missing"
 #: The most key buckets a shard may name: bucket arithmetic (a modulus times a process
 #: count) then stays inside int64.
 MAX_BUCKETS = 1 << 31
@@ -92,6 +93,23 @@ def link_problems(
                             f"{backend.join(folder, p.path)}")
         for p in problems
     ]  # fmt: skip
+
+
+def check_link(
+    backend: Backend, folder: str, proc_size: int, entry: VariableEntry, where: str
+) -> None:
+    """Raise :class:`CheckpointCorruptError` for the first problem of ``entry``'s records
+    in the committed checkpoint ``folder`` (saved by ``proc_size`` ranks): its numbers,
+    then its files' real sizes. What a reader checks before it sizes, allocates or loops
+    over anything from the entry's numbers; ``where`` names the checkpoint read."""
+    raise_first(link_problems(backend, folder, proc_size, [entry]), where)
+    url = f"{backend.url.rstrip('/')}/{folder}"
+    sizes = size_problems(backend.sub(folder), [*entry.shards, *entry.removed])
+    sizes = [dataclasses.replace(p, path=f"{url}/{p.path}") for p in sizes]
+    for problem in sizes:
+        if problem.message == MISSING:
+            raise StorageNotFoundError(f"checkpoint {where} is damaged: {problem.path}: {MISSING}")
+    raise_first(sizes, where)
 
 
 def entry_problems(entry: VariableEntry, proc_size: int, manifest: str) -> list[Problem]:
@@ -376,7 +394,7 @@ def size_problems(folder: Backend, records: Iterable[ShardRecord]) -> list[Probl
         try:
             found = folder.size(path)
         except FileNotFoundError:
-            return Problem(path, "missing")
+            return Problem(path, MISSING)
         if found != expected:
             return Problem(path, f"expected {expected} bytes, found {found}")
         return None
@@ -491,13 +509,14 @@ def read_checked(
 
 # --- keys repeated across shards -------------------------------------------------------------
 def has_repeated_key(arrays: Sequence[np.ndarray]) -> bool:
-    """Whether a key is held twice among ``arrays``: Arrow's hash count of distinct keys,
-    several times faster than the sort :func:`repeated_key` uses to name it."""
-    total = sum(len(keys) for keys in arrays)
-    if total < 2:
+    """Whether a key is held twice among ``arrays``: one copy of the keys sorted in place
+    and its neighbours compared, with none of the bookkeeping :func:`repeated_key` needs
+    to name the key and its files."""
+    if sum(len(keys) for keys in arrays) < 2:
         return False
-    chunks = pa.chunked_array([pa.array(keys) for keys in arrays if len(keys)])
-    return int(pc.count_distinct(chunks).as_py()) != total
+    keys = np.concatenate(arrays)
+    keys.sort()
+    return bool(np.any(keys[1:] == keys[:-1]))
 
 
 def repeated_key(keys_by_file: Iterable[tuple[str, np.ndarray]]) -> Problem | None:

@@ -38,14 +38,7 @@ from de_store.progress import Progress, progress_for
 from de_store.saver import events, incremental, shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier, job_poll_max_s
 from de_store.saver.chain import chain_links, parent_reference
-from de_store.saver.checks import (
-    Problem,
-    has_repeated_key,
-    link_problems,
-    raise_first,
-    repeated_key,
-    size_problems,
-)
+from de_store.saver.checks import Problem, check_link, has_repeated_key, repeated_key
 from de_store.saver.commit import (
     RANKS_DIR,
     CommitStrategy,
@@ -559,11 +552,8 @@ def restore_checkpoint(
     urls = [[f"{backend.url.rstrip('/')}/{link}" for link, *_ in chain] for chain in chains]
     for variable, chain, chain_urls in zip(variables, chains, urls, strict=True):
         for (link, link_manifest, entry), url in zip(chain, chain_urls, strict=True):
-            # the manifest's numbers and the files' real sizes first: nothing is sized,
-            # compared or looped over from a number they have not checked
-            raise_first(link_problems(backend, link, link_manifest.proc_size, [entry]), where)
-            sizes = size_problems(backend.sub(link), [*entry.shards, *entry.removed])
-            raise_first([dataclasses.replace(p, path=f"{url}/{p.path}") for p in sizes], where)
+            # nothing is sized, compared or looped over from a number not checked first
+            check_link(backend, link, link_manifest.proc_size, entry, where)
             check_compatible(variable, entry, url)
     total = sum(entry.rows + entry.removed_rows for chain in chains for *_, entry in chain)
     # Empty variables grow for their rows while the shards are read (rows.grow_for_restore)

@@ -168,3 +168,24 @@ def test_byte_counts_that_agree_with_each_other_but_not_with_the_file_are_refuse
     size = (tmp_path / "ckpt" / path).stat().st_size
     message = restore_refused(open_backend(str(tmp_path)))
     assert f"{path}: expected {size + more} bytes, found {size}" in message, message
+
+
+@pytest.mark.parametrize("field", ["num_buckets", "rows", "part rows", "proc_size"])
+def test_compact_and_convert_refuse_a_hostile_number_and_write_nothing(
+    saved: Path, tmp_path: Path, field: str
+) -> None:
+    from de_store.compact import compact
+    from de_store.convert import convert
+
+    src = tmp_path / "src"
+    shutil.copytree(saved, src)
+    path, words = FIELDS[field]
+    forge(src / "ckpt", edit(path, 10**15))
+    for run in (
+        lambda: compact(str(src / "ckpt"), str(tmp_path / "compacted")),
+        lambda: convert(str(src / "ckpt"), str(tmp_path / "converted"), "arrow"),
+    ):
+        with pytest.raises(CheckpointCorruptError) as info:
+            run()
+        assert any(word in str(info.value) for word in words), str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
