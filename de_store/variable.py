@@ -37,6 +37,7 @@ from de_store.saver.rows import reserve_shards
 from de_store.saver.variable_rows import ChangeBase
 
 if TYPE_CHECKING:  # importing de_store.tables creates TF constants, which fixes the devices
+    from de_store.backends import Backend
     from de_store.tables.base import TableCore
 
 _T = TypeVar("_T")
@@ -181,7 +182,7 @@ class Variable(tf.Module):
 
     def save_to_file_system(
         self,
-        dirpath: str,
+        dirpath: str | Backend,
         proc_size: int = 1,
         proc_rank: int = 0,
         file_name_list: Any = None,
@@ -189,9 +190,11 @@ class Variable(tf.Module):
         append_to_file: bool = False,
         buffer_size: int = 4194304,
     ) -> list[str]:
-        """Write the tables in TFRA 0.8's file layout under ``dirpath`` (any fsspec URL;
-        the environment variable ``dirpath_env`` overrides it, as in TFRA); the paths
-        written. TFRA's own ``load_from_file_system`` reads them back."""
+        """Write the tables in TFRA 0.8's file layout under ``dirpath`` (any fsspec URL or
+        a Backend; the environment variable ``dirpath_env`` overrides it, as in TFRA); the
+        paths written. TFRA's own ``load_from_file_system`` reads them back. The save
+        replaces the previous one of this rank as a whole: killed at any point, it leaves
+        the previous save or the new one (see :mod:`de_store.formats.tfra`)."""
         del file_name_list, append_to_file, buffer_size
         from de_store import _tfra_files
 
@@ -201,7 +204,7 @@ class Variable(tf.Module):
 
     def load_from_file_system(
         self,
-        dirpath: str,
+        dirpath: str | Backend,
         proc_size: int = 1,
         proc_rank: int = 0,
         file_name_list: Any = None,

@@ -147,3 +147,26 @@ def test_three_tables_split_keys_as_tfras_default_partitioner(tmp_path):
     for i, table in enumerate(TFRA_THREE_TABLES):
         written = np.fromfile(tmp_path / f"tower_emb_mht_{i + 1}of3_rank0_size1-keys", np.int64)
         assert sorted(written.tolist()) == sorted(table)
+
+
+def test_a_damaged_commit_record_is_refused_naming_it(tmp_path):
+    keys, values = make_keys(20, "int64"), make_values(20, 2, "float32")
+    tfra.write_table(str(tmp_path), "emb", batch_from_numpy(keys, values))
+    record = tmp_path / f".{tfra.save_group('emb', 0, 1)}{tfra.COMMIT_SUFFIX}"
+    record.write_text('{"staging": "../elsewhere", "files": ["emb_mht_1of1_rank0_size1-keys"]}')
+    with pytest.raises(FormatError, match=r"TFRA commit record .*/\.emb_rank0_size1\.commit: "):
+        tfra.read_table(str(tmp_path), "emb", dim=2)
+
+
+def test_saves_leave_only_tfras_files_each_replacing_the_last(tmp_path):
+    keys = make_keys(50, "int64")
+    for version in range(3):
+        values = make_values(50, 4, "float32") + version
+        batch = batch_from_numpy(keys, values)
+        tfra.write_table(str(tmp_path), "a/b", batch, num_tables=2, proc_rank=1, proc_size=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"a_b_mht_{i}of2_rank1_size2-{part}" for i in (1, 2) for part in ("keys", "values")
+    )
+    got = np.concatenate([np.fromfile(tmp_path / f"a_b_mht_{i}of2_rank1_size2-values", "<f4")
+                          for i in (1, 2)])  # fmt: skip
+    assert sorted(got.tolist()) == sorted((make_values(50, 4, "float32") + 2).ravel().tolist())
