@@ -76,12 +76,14 @@ def dry_run(tmp_path: Path, *, variable: bool = False) -> list[list[str]]:
     root = tmp_path / "dry"
     run_worker({"root": str(root), "trace_out": str(trace), "variable": variable}, killed=False)
     assert read_by_table(root) == version(2)
-    return json.loads(trace.read_text())
+    calls = json.loads(trace.read_text())
+    assert commit_call(calls) > 0
+    return calls
 
 
 def commit_call(trace: list[list[str]]) -> int:
     """The call (from 1) that makes the second save visible: the rename of its commit record
-    into place; 0 if there is none."""
+    into place (0: none)."""
     for k, (kind, _, path) in enumerate(trace, 1):
         if kind == "rename" and tfra.is_commit_record(path):
             return k
@@ -91,7 +93,7 @@ def commit_call(trace: list[list[str]]) -> int:
 def check_kill(tmp_path: Path, trace: list[list[str]], k: int, *, variable: bool = False) -> None:
     root = tmp_path / f"kill-{k}"
     run_worker({"root": str(root), "kill_at": ["any", k], "variable": variable}, killed=True)
-    expected = version(1) if k <= commit_call(trace) or not commit_call(trace) else version(2)
+    expected = version(1) if k <= commit_call(trace) else version(2)
     label = f"killed at call {k} {trace[k - 1]}"
     assert read_by_table(root) == expected, label
     assert read_by_variable(root) == expected, label
@@ -120,10 +122,7 @@ def representative(trace: list[list[str]]) -> list[int]:
         for k, (kind, _, path) in enumerate(trace, 1)
         if kind == "rename" and not tfra.is_commit_record(path)
     ]
-    points = [after_first_file(trace), len(trace)]
-    if commit:
-        points += [commit, commit + 1, publishes[1]]
-    return sorted(set(points))
+    return sorted({after_first_file(trace), commit, commit + 1, publishes[1], len(trace)})
 
 
 def test_a_save_killed_at_its_main_points_leaves_one_whole_save(tmp_path: Path) -> None:
