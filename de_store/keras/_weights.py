@@ -1,9 +1,13 @@
 """A layer's table as its weights in a Keras file (``.keras``, ``.weights.h5``).
 
-Each table, the Variable's and each companion's (optimizer slots), is three entries of the
-layer's weights: ``{prefix}keys`` ``[n]``, ``{prefix}values`` ``[n, width]`` and
-``{prefix}crc32c``, the crc32c of the keys' bytes and of the values' bytes (two uint32).
-The prefix is ``""`` for the Variable and ``"{column}."`` for a companion.
+The entry ``layer`` holds the name of the layer that saved the tables (UTF-8 bytes): Keras
+finds a layer's weights by the layer's class and position in the model, not its name, so
+a model whose de_store layers come in another order, or another layer's file, would
+otherwise load one table into another. Each table, the Variable's and each companion's
+(optimizer slots), is three entries of the layer's weights: ``{prefix}keys`` ``[n]``,
+``{prefix}values`` ``[n, width]`` and ``{prefix}crc32c``, the crc32c of the keys' bytes and
+of the values' bytes (two uint32). The prefix is ``""`` for the Variable and
+``"{column}."`` for a companion.
 
 The crc32c is there because nothing else checks the rows: HDF5 keeps no checksum of dataset
 data, a ``.weights.h5`` file is plain HDF5, and the CRC-32 of a ``.keras`` zip member is
@@ -29,6 +33,8 @@ from de_store.errors import ChecksumError, FormatError, VariableError
 
 #: The entries of one table, after its prefix.
 ENTRIES = ("keys", "values", "crc32c")
+#: The entry holding the saving layer's name.
+LAYER = "layer"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +46,10 @@ class StoredTable:
     values: np.ndarray
 
 
-def save_tables(store: Any, variable: Any) -> None:
-    """Write the rows of ``variable`` and of each of its companions into ``store``."""
+def save_tables(store: Any, variable: Any, layer: str) -> None:
+    """Write the rows of ``variable`` and of each of its companions into ``store``, as
+    layer ``layer``'s."""
+    store[LAYER] = np.frombuffer(layer.encode(), np.uint8)
     for prefix, table in _tables(variable).items():
         keys, values = (t.numpy() for t in table.export())
         store[f"{prefix}keys"] = keys
@@ -52,9 +60,9 @@ def save_tables(store: Any, variable: Any) -> None:
 def load_tables(store: Any, variable: Any, layer: str) -> None:
     """Replace the rows of ``variable`` and its companions by those ``store`` holds.
 
-    Raises FormatError (entries missing or foreign), VariableError (dtype or width not the
-    layer's, keys and rows of different counts) or ChecksumError (crc32c), naming
-    ``layer``, before any table changes.
+    Raises FormatError (entries missing or foreign), VariableError (saved by a layer of
+    another name, dtype or width not the layer's, keys and rows of different counts) or
+    ChecksumError (crc32c), naming ``layer``, before any table changes.
     """
     stored = read_tables(store, variable, layer)
     variable.clear()  # the Variable and every companion
@@ -69,7 +77,15 @@ def load_tables(store: Any, variable: Any, layer: str) -> None:
 
 def read_tables(store: Any, variable: Any, layer: str) -> list[StoredTable]:
     """Every table ``store`` holds for the layer, checked; the Variable's first."""
-    prefixes = _prefixes(list(store.keys()), layer)
+    names = list(store.keys())
+    prefixes = _prefixes([n for n in names if n != LAYER], layer, names)
+    saved_by = bytes(np.asarray(store[LAYER], np.uint8)).decode(errors="replace")
+    if saved_by != layer:
+        raise VariableError(
+            f"layer '{layer}': the weights file holds the table of layer '{saved_by}' here "
+            "(Keras matches weights by layer class and position, not by name): expected "
+            f"layer '{layer}'"
+        )
     companions = variable.companions()
     out = []
     for prefix in prefixes:
@@ -96,9 +112,10 @@ def _tables(variable: Any) -> dict[str, Any]:
     return {"": variable, **{f"{c}.": v for c, v in sorted(variable.companions().items())}}
 
 
-def _prefixes(names: list[str], layer: str) -> list[str]:
+def _prefixes(names: list[str], layer: str, found: list[str]) -> list[str]:
     """The table prefixes of entry ``names``, ``""`` first; FormatError unless every name is
-    one of the three entries of a table and the Variable's table is there."""
+    one of the three entries of a table, the Variable's table is there and ``found`` (every
+    entry) holds the layer's name."""
     prefixes: dict[str, set[str]] = {}
     foreign = []
     for name in names:
@@ -108,11 +125,12 @@ def _prefixes(names: list[str], layer: str) -> list[str]:
             prefixes.setdefault(prefix, set()).add(entry)
         else:
             foreign.append(name)
-    if foreign or "" not in prefixes or any(len(e) != len(ENTRIES) for e in prefixes.values()):
+    incomplete = any(len(e) != len(ENTRIES) for e in prefixes.values())
+    if foreign or incomplete or "" not in prefixes or LAYER not in found:
         raise FormatError(
-            f"layer '{layer}': expected the entries {', '.join(ENTRIES)} of a de_store table "
-            f"(and of each companion, prefixed 'column.') in the weights file, found "
-            f"{sorted(names) or 'none'}"
+            f"layer '{layer}': expected the entries {LAYER}, {', '.join(ENTRIES)} of a "
+            "de_store table (and keys, values, crc32c of each companion, prefixed 'column.') "
+            f"in the weights file, found {sorted(found) or 'none'}"
         )
     return sorted(prefixes)
 

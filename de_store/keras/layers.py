@@ -163,14 +163,14 @@ class Embedding(keras.layers.Layer):
     def save_own_variables(self, store: Any) -> None:
         """Write every key and row of the table, and of its companions (optimizer slots),
         with their crc32c (see :mod:`de_store.keras._weights`)."""
-        _weights.save_tables(store, self.params)
+        _weights.save_tables(store, self.params, self.name)
 
     def load_own_variables(self, store: Any) -> None:
         """Replace the table's content (and its companions') by what ``store`` holds.
 
-        Every entry is checked against the layer (names, key dtype, width, row counts,
-        crc32c) before any table changes: a file that does not fit raises, naming the
-        layer, and leaves the tables as they were.
+        Every entry is checked against the layer (the saving layer's name, entry names, key
+        dtype, width, row counts, crc32c) before any table changes: a file that does not
+        fit raises, naming the layer, and leaves the tables as they were.
         """
         _weights.load_tables(store, self.params, self.name)
 
