@@ -17,7 +17,9 @@ does when Keras reads the weights from the zip without extracting them (``load_w
 of a ``.keras`` file, and ``load_model`` when reading the member whole failed).
 
 Loading reads and checks every entry (names, dtypes, shapes, crc32c) before it changes any
-table, so a file that does not fit the layer leaves its tables as they were.
+table, so a file that does not fit the layer leaves its tables as they were. Files saved
+before the ``layer`` and ``crc32c`` entries existed (``{prefix}keys`` and
+``{prefix}values`` only) still load, with every check but those two.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from de_store.errors import ChecksumError, FormatError, VariableError
 
 #: The entries of one table, after its prefix.
 ENTRIES = ("keys", "values", "crc32c")
+#: The entries of one table in files saved before the crc32c and ``layer`` entries.
+UNCHECKED_ENTRIES = ("keys", "values")
 #: The entry holding the saving layer's name.
 LAYER = "layer"
 
@@ -79,7 +83,9 @@ def read_tables(store: Any, variable: Any, layer: str) -> list[StoredTable]:
     """Every table ``store`` holds for the layer, checked; the Variable's first."""
     names = list(store.keys())
     prefixes = _prefixes([n for n in names if n != LAYER], layer, names)
-    saved_by = bytes(np.asarray(store[LAYER], np.uint8)).decode(errors="replace")
+    checked = LAYER in names  # else saved before the layer and crc32c entries
+    saved_by = bytes(np.asarray(store[LAYER], np.uint8)).decode(errors="replace") if checked \
+        else layer  # fmt: skip
     if saved_by != layer:
         raise VariableError(
             f"layer '{layer}': the weights file holds the table of layer '{saved_by}' here "
@@ -96,7 +102,8 @@ def read_tables(store: Any, variable: Any, layer: str) -> list[StoredTable]:
         target = companions.get(column) if column else variable
         if target is not None:
             _check_width(values, target, layer, what)
-        _check_crc(np.asarray(store[f"{prefix}crc32c"]), keys, values, layer, what)
+        if checked:
+            _check_crc(np.asarray(store[f"{prefix}crc32c"]), keys, values, layer, what)
         out.append(StoredTable(column, keys, values))
     return out
 
@@ -125,8 +132,9 @@ def _prefixes(names: list[str], layer: str, found: list[str]) -> list[str]:
             prefixes.setdefault(prefix, set()).add(entry)
         else:
             foreign.append(name)
-    incomplete = any(len(e) != len(ENTRIES) for e in prefixes.values())
-    if foreign or incomplete or "" not in prefixes or LAYER not in found:
+    layout = set(ENTRIES) if LAYER in found else set(UNCHECKED_ENTRIES)
+    incomplete = any(e != layout for e in prefixes.values())
+    if foreign or incomplete or "" not in prefixes:
         raise FormatError(
             f"layer '{layer}': expected the entries {LAYER}, {', '.join(ENTRIES)} of a "
             "de_store table (and keys, values, crc32c of each companion, prefixed 'column.') "

@@ -316,3 +316,19 @@ def test_keys_and_values_of_different_lengths_are_refused(tmp_path: Path) -> Non
     ):
         source.load_weights(path)
     assert tables(source.layers[1]) == before
+
+
+def test_a_file_saved_before_the_checksums_still_loads(tmp_path: Path) -> None:
+    """Files of earlier de_store versions hold each table's keys and values only."""
+    path = tmp_path / "m.weights.h5"
+    source = filled("kf_legacy")
+    saved = tables(source.layers[1])
+    source.save_weights(path)
+    with h5py.File(path, "a") as f:
+        group = f["layers/embedding/vars"]
+        for entry in [e for e in group if e == "layer" or e.endswith("crc32c")]:
+            del group[entry]
+        assert sorted(group) == ["adam_m.keys", "adam_m.values", "keys", "values"]
+    refill(source, *STATES["other rows"])
+    source.load_weights(path)
+    assert tables(source.layers[1]) == saved
