@@ -5,11 +5,16 @@ bytes of its tensors one after another, and an index ``{prefix}.index``: a table
 LevelDB SSTable layout, uncompressed) from tensor name to a ``BundleEntryProto`` giving
 the tensor's offset, size and masked crc32c in the data file. :func:`read_index` returns
 those entries, each block of the index checked against its own crc32c.
+
+TensorFlow's ``BundleWriter`` writes each file under a temporary name first
+(``{file}.tempstate{digits}``) and renames it once complete; a task that dies while
+writing leaves those. :func:`file_name_ends` matches every name a bundle's files take.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
 
 import google_crc32c
@@ -31,13 +36,27 @@ class BundleEntry:
     crc32c: int
 
 
+#: What TensorFlow adds to a bundle's prefix: its (single-shard) data file, its index.
+DATA_SUFFIX = ".data-00000-of-00001"
+INDEX_SUFFIX = ".index"
+#: What ``BundleWriter`` adds, with a random number, to a file's name while it writes it.
+TEMP_INFIX = ".tempstate"
+
+
 def data_path(prefix: str) -> str:
     """The data file of the single-shard bundle ``prefix``."""
-    return f"{prefix}.data-00000-of-00001"
+    return prefix + DATA_SUFFIX
 
 
 def index_path(prefix: str) -> str:
-    return f"{prefix}.index"
+    return prefix + INDEX_SUFFIX
+
+
+def file_name_ends() -> str:
+    """A regular expression for what each file of a bundle adds to its prefix: the data
+    file or the index, complete or under the name it has while ``BundleWriter`` writes it."""
+    files = f"{re.escape(DATA_SUFFIX)}|{re.escape(INDEX_SUFFIX)}"
+    return rf"({files})({re.escape(TEMP_INFIX)}\d+)?"
 
 
 def unmask(masked: int) -> int:

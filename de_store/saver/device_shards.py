@@ -9,6 +9,9 @@ shard file (raw little-endian rows, bucket after bucket), and its index records 
 bucket's byte range and crc32c: the parts of the shard's ``ShardInfo``. The saving
 process reads only the indexes (a few kB a column), renames the data files to their
 binary names, deletes the indexes and fsyncs the files (TensorFlow's file ops do not).
+A task that dies while it writes leaves its bundles, complete or under TensorFlow's
+temporary names, in the staging folder: :func:`file_name_ends` names them for
+``de-store gc``.
 
 The task writes to the checkpoint's staging folder by its local path, so this needs
 storage that is a local path the task sees as well (one machine, or a mount every task
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,15 +34,32 @@ from de_store.errors import CheckpointError
 from de_store.formats._shard import shard_info
 from de_store.formats._stream import crc32c_combine
 from de_store.formats.base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
-from de_store.formats.binary import column_layout, column_paths, numpy_dtype
+from de_store.formats.binary import BinaryFormat, column_layout, column_paths, numpy_dtype
 from de_store.saver._lazy_tf import tf
 from de_store.saver._tf_bundle import data_path, index_path, read_index
+from de_store.saver._tf_bundle import file_name_ends as bundle_file_name_ends
 from de_store.saver.variable_rows import VALUE_COLUMN, DeviceShardRows
 
 if TYPE_CHECKING:
     from de_store.backends.base import Backend
 
 logger = logging.getLogger("de_store")
+
+#: What a binary shard file's path gets to name the bundle its task writes it as.
+BUNDLE_SUFFIX = ".tf"
+
+
+def bundle_prefix(path: str) -> str:
+    """The bundle a task writes as the binary shard file ``path`` (renamed to it after)."""
+    return path + BUNDLE_SUFFIX
+
+
+def file_name_ends() -> str:
+    """A regular expression for what the files of a shard written on its device add to
+    the shard's path until this process renames them: a binary file's end, then its
+    bundle's data file or index, complete or as TensorFlow names it while writing it."""
+    binary = BinaryFormat.file_name_ends()
+    return f"({binary}){re.escape(BUNDLE_SUFFIX)}{bundle_file_name_ends()}"
 
 
 def writes_on_device(backend: Backend, path: str, rows: DeviceShardRows) -> bool:
@@ -67,10 +88,9 @@ def write_on_device(
     local = [backend.local_path(p) or "" for p in paths]
     os.makedirs(os.path.dirname(local[0]), exist_ok=True)
     tensors = [rows.keys, rows.columns[VALUE_COLUMN], *(rows.columns[e.name] for e in info.extras)]
-    prefixes = [f"{p}.tf" for p in local]
-    with tf.device(rows.device):
-        counts, lows, highs = _save_buckets(tf.constant(prefixes), num_buckets, tensors)
-    counts, lows, highs = (np.asarray(x) for x in (counts, lows, highs))
+    prefixes = [bundle_prefix(p) for p in local]
+    what = f"table shard {info.shard_id} of {info.name!r} to {backend.url.rstrip('/')}/{path}"
+    counts, lows, highs = _write_bundles(rows.device, prefixes, num_buckets, tensors, what)
     buckets = [int(b) for b in np.flatnonzero(counts)]
     entries = [_entries_of(prefix, buckets, rows.device) for prefix in prefixes]
     row_bytes = [numpy_dtype(d).itemsize * w for d, w in column_layout(info)]
@@ -92,6 +112,31 @@ def write_on_device(
     ]
     fsync_dir(os.path.dirname(local[0]))
     return shard_info("binary", path, info, parts, files), buckets
+
+
+def _write_bundles(
+    device: str, prefixes: list[str], num_buckets: int, tensors: list[Any], what: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run :func:`_save_buckets` on ``device``; what it returns, as numpy arrays.
+
+    Raises
+    ------
+    CheckpointError
+        The ops failed there (the task died or cannot be reached, its disk is full ...):
+        names the device and ``what`` it was writing, with TensorFlow's error as its cause.
+    """
+    try:
+        with tf.device(device):
+            found = _save_buckets(tf.constant(prefixes), num_buckets, tensors)
+    except tf.errors.OpError as err:
+        cause = str(err.message).split("\n", 1)[0]
+        raise CheckpointError(
+            f"{device} did not write {what} ({len(prefixes)} TensorFlow bundles): "
+            f"{type(err).__name__}: {cause}; the save stops here and commits nothing "
+            "(`de-store gc` removes what it wrote)"
+        ) from err
+    counts, lows, highs = (np.asarray(x) for x in found)
+    return counts, lows, highs
 
 
 def _entries_of(prefix: str, buckets: list[int], device: str) -> list[Any]:

@@ -7,7 +7,10 @@ ending as a registered shard format ends its files, and the local backend's
 ``.NAME.{12 hex}.tmp`` files). The ends come from each format's own
 :meth:`~de_store.formats.ShardFormat.file_name_ends` (``.parquet``, ``.arrow``, and
 ``binary``'s ``-keys``, ``-values`` and ``-{column}`` of every slot column), so a format
-or a column added later is recognised as its writer names it.
+or a column added later is recognised as its writer names it; a shard a parameter server
+writes itself is a binary one whose files are TensorFlow bundles until the saving process
+renames them (:func:`de_store.saver.device_shards.file_name_ends`: ``.tf.index``,
+``.tf.data-00000-of-00001``, either with TensorFlow's ``.tempstate{digits}`` while written).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 from de_store.backends.base import Backend
 from de_store.errors import CheckpointError
 from de_store.formats import FORMATS, format_class
+from de_store.saver import device_shards
 from de_store.saver.commit import (
     COMMIT_PREFIX,
     PENDING_SUFFIX,
@@ -34,8 +38,10 @@ _META = r"LOCK|ABORT|COMMIT-\d+|manifest-\d+\.json"
 
 
 def _shard_file_ends() -> str:
-    """What any registered format's files add to a shard's path (one alternative each)."""
-    return "|".join(sorted({format_class(name).file_name_ends() for name in FORMATS}))
+    """What any registered format's files add to a shard's path, and what the files of a
+    shard written on its device add until they are renamed (one alternative each)."""
+    ends = {format_class(name).file_name_ends() for name in FORMATS}
+    return "|".join(sorted(ends | {device_shards.file_name_ends()}))
 
 
 _SHARD = rf"(removed-)?r\d{{5}}-s\d{{5}}-[0-9a-f]{{8}}({_shard_file_ends()})"

@@ -35,11 +35,17 @@ def task_env(cluster: dict[str, list[str]], job: str, task: int) -> dict[str, st
 
 
 @contextmanager
-def servers(cluster: dict[str, list[str]], jobs: Sequence[str]) -> Iterator[list[subprocess.Popen]]:
-    """Start a server process for every task of ``jobs``; kill them all on exit."""
+def servers(
+    cluster: dict[str, list[str]],
+    jobs: Sequence[str],
+    args: dict[tuple[str, int], Sequence[str]] | None = None,
+) -> Iterator[list[subprocess.Popen]]:
+    """Start a server process for every task of ``jobs`` (``args``: the arguments of
+    ``server.py`` by ``(job, task)``); kill them all on exit."""
+    args = args or {}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(SERVER)],
+            [sys.executable, str(SERVER), *args.get((job, task), ())],
             env=task_env(cluster, job, task),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -23,7 +23,7 @@ import de_store as ds
 from de_store.backends import open_backend, open_location
 from de_store.cli import main
 from de_store.errors import CheckpointMismatchError, GCRefusedError, SaveInterruptedError
-from de_store.saver import core, gc, incremental
+from de_store.saver import _tf_bundle, core, device_shards, gc, incremental
 from de_store.saver.barrier import Barrier
 from de_store.saver.commit import committed_folder
 from de_store.saver.topology import Topology
@@ -234,6 +234,36 @@ def test_gc_removes_the_staging_of_every_format_and_slot_column(
         f"removed 1 item(s) under {kv}",
     ]
     assert sorted(p.name for p in kv.iterdir()) == ["A"]
+    assert restored_value(str(kv / "A")) == {1.0}
+
+
+def test_gc_removes_the_staging_of_a_ps_task_that_died_in_its_bundle_writes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A parameter server writes each file of its binary shard as a TensorFlow bundle that
+    the saving process renames: a task killed midway leaves bundles, complete or under
+    TensorFlow's temporary names (tests/distribute/test_ps_killed.py kills one for real,
+    with one of those states). Every such name is the save's; another bundle is not."""
+    kv = tmp_path / "kv"
+    ds.save([filled(1.0)], str(kv / "A"), blocking=True)
+    for name, foreign in (("B", False), ("C", True)):
+        interrupted_save(str(kv / name), format="binary", slots=("adagrad_accumulator",))
+        (folder,) = (kv / f"{name}.pending").glob("*/emb")
+        for column in ("keys", "values", "adagrad_accumulator"):
+            prefix = device_shards.bundle_prefix(str(folder / f"r00000-s00001-0a1b2c3d-{column}"))
+            for file in (_tf_bundle.index_path(prefix), _tf_bundle.data_path(prefix)):
+                Path(file).write_bytes(b"written")
+                Path(f"{file}{_tf_bundle.TEMP_INFIX}13622185587429183187").write_bytes(b"half")
+        if foreign:  # a bundle of two shards: not one a save writes
+            Path(f"{prefix}.data-00000-of-00002").write_bytes(b"")
+    age(kv)
+    code, out, _ = gc_cli(capsys, "--yes", str(kv))
+    assert code == 0
+    assert out.splitlines() == [
+        "removed B.pending: staging folder of a save that never committed",
+        f"removed 1 item(s) under {kv}",
+    ]
+    assert sorted(p.name for p in kv.iterdir()) == ["A", "C.pending"]
     assert restored_value(str(kv / "A")) == {1.0}
 
 
