@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from de_store.backends import open_location
-from de_store.saver import at_exit, core, incremental
+from de_store.saver import at_exit, commit, core, incremental
 from de_store.saver.destination import check_destination
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.manifest import Manifest
@@ -163,8 +163,10 @@ def restore(
 
     Each rank gets the keys that belong to it (``default_partition_fn`` over ``proc_size``),
     whatever the number of processes and shards that saved them. Nothing changes unless
-    every needed file was read and verified.
+    every needed file was read and verified. A checkpoint removed while it is restored
+    raises ``CheckpointNotFoundError`` saying so (``commit.removed_while_read``).
     """
     saver = _saver_for(saver, saver_options)
     backend, name = open_location(url, saver.storage_options)
-    return core.restore_checkpoint(variables, backend, name, saver.topology, saver.options)
+    with commit.removed_while_read(backend, name):
+        return core.restore_checkpoint(variables, backend, name, saver.topology, saver.options)

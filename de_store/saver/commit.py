@@ -24,6 +24,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
 
 import google_crc32c
 
@@ -445,3 +446,40 @@ def read_manifest(backend: Backend, name: str) -> tuple[str, Manifest]:
             f"{len(data)} bytes with crc32c {crc}"
         )
     return folder, manifest_from_json(data, where)
+
+
+@contextlib.contextmanager
+def removed_while_read(
+    backend: Backend, name: str, *, gone: Callable[[], bool] | None = None, hint: str = ""
+) -> Iterator[None]:
+    """Report a read of the checkpoint ``name`` that failed because the checkpoint was
+    removed meanwhile (by gc, or ``CheckpointManager(max_to_keep=...)`` and the next save)
+    as that removal, not as the file it missed.
+
+    A read that finds a file, the commit record or the manifest missing
+    (``FileNotFoundError``, ``CheckpointError``) is a removal when ``name`` is no longer
+    committed, or when ``gone()`` says so (the TF hook: the TF checkpoint restored is gone,
+    and its KV data goes after it). Otherwise the error passes unchanged: a file missing
+    from a checkpoint still committed is damage.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        The checkpoint was removed; the message names it and ends with ``hint``, the
+        original error is its cause.
+    """
+    try:
+        yield
+    except (FileNotFoundError, CheckpointError) as err:
+        removed = gone() if gone is not None else False
+        if not removed and (
+            isinstance(err, CheckpointNotFoundError)  # not there before the read began
+            or committed_folder(backend, name) is not None
+        ):
+            raise
+        where = f"{backend.url.rstrip('/')}/{name.strip('/')}"
+        cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointNotFoundError(
+            f"checkpoint {where} was removed while it was being restored (found: {cause}); the "
+            f"de_store variables keep what they held{hint}"
+        ) from err

@@ -22,7 +22,7 @@ import abc
 import functools
 import posixpath
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow as tf
@@ -31,7 +31,7 @@ from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
 from de_store.backends import open_location
-from de_store.saver import at_exit, binding, core, gc, incremental, tf_compat
+from de_store.saver import at_exit, binding, commit, core, gc, incremental, tf_compat
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.rows import VariableRows, io_device_scope
 
@@ -250,9 +250,22 @@ def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
             else functools.partial(binding.check_binding, where=url, tf_prefix=prefix,
                                    checkpoint_id=checkpoint_id)
         )  # fmt: skip
-        core.restore_checkpoint(
-            variables, backend, folder, saver.topology, saver.options, check_manifest=check
-        )
+        with commit.removed_while_read(backend, folder, gone=_gone(prefix), hint=_REMOVED_HINT):
+            core.restore_checkpoint(
+                variables, backend, folder, saver.topology, saver.options, check_manifest=check
+            )
+
+
+#: How a reader beside a writer goes on after a removed checkpoint (docs/checkpoints.md).
+_REMOVED_HINT = (
+    "; CheckpointManager(max_to_keep=...) deletes old TF checkpoints and the next save "
+    "their KV data: restore a newer one (tf.train.latest_checkpoint again)"
+)
+
+
+def _gone(prefix: str) -> Callable[[], bool]:
+    """Whether the TF checkpoint ``prefix`` is gone (its index file): its KV data goes next."""
+    return lambda: not tf.io.gfile.exists(prefix + binding.INDEX_SUFFIX)
 
 
 def _checkpoint_id(reader: Any, name: str) -> str | None:
