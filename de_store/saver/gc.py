@@ -235,7 +235,7 @@ def delete(
             still = item in find_abandoned(backend, backend.list(top))
         why = "no longer abandoned" if not still else _too_young(backend, item, grace_s)
         if why is None:
-            backend.delete(item.folder, recursive=True)
+            _remove(backend, item)
             deleted.append(item)
         else:
             kept.append(dataclasses.replace(item, reason=why))
@@ -262,8 +262,21 @@ def remove_orphans(backend: Backend, keep: str) -> list[Garbage]:
     """
     garbage = find_orphans(backend, keep)
     for item in garbage:
-        backend.delete(item.folder, recursive=True)
+        _remove(backend, item)
     return garbage
+
+
+def _remove(backend: Backend, item: Garbage) -> None:
+    """Delete ``item``. An orphan (a committed checkpoint) loses its commit records first:
+    a reader that misses one of its files then finds it no longer committed, and reports
+    the checkpoint removed (``commit.removed_while_read``), not damaged."""
+    if item.kind == "orphan":
+        for path in backend.list(item.folder):
+            if posixpath.dirname(path) == item.folder and posixpath.basename(path).startswith(
+                COMMIT_PREFIX
+            ):
+                backend.delete(path)
+    backend.delete(item.folder, recursive=True)
 
 
 def _too_young(

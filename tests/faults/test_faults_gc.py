@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from fsspec.implementations.local import LocalFileSystem
 
 import de_store as ds
 from de_store.backends import open_backend, open_location
@@ -27,6 +28,7 @@ from de_store.saver import _tf_bundle, core, device_shards, gc, incremental
 from de_store.saver.barrier import Barrier
 from de_store.saver.commit import committed_folder
 from de_store.saver.topology import Topology
+from de_store.testing.faults import FaultPlan, FaultyFileSystem
 from tests.conftest import StorageLocation
 
 DIM = 4
@@ -461,6 +463,23 @@ def test_a_deleted_tf_checkpoint_still_makes_its_kv_data_an_orphan(tmp_path: Pat
     # a KV folder moved away from its TF checkpoints: nothing there is known to be gone
     shutil.move(run / "de_store", tmp_path / "elsewhere")
     assert gc.collect(open_backend(str(tmp_path / "elsewhere")), grace_s=0) == []
+
+
+def test_an_orphan_loses_its_commit_record_before_any_other_file(tmp_path: Path) -> None:
+    """A reader that misses a file of a checkpoint gc is removing finds it uncommitted (a
+    removed checkpoint, which it retries), never a committed one missing a file (damage)."""
+    run = tmp_path / "run"
+    tf_run(run, steps=2)
+    for path in run.glob("ckpt-1.*"):
+        path.unlink()  # as CheckpointManager(max_to_keep=...) deletes it
+    (orphan,) = gc.find_orphans(open_backend(str(run / "de_store")))
+    assert orphan.folder == "ckpt-1"
+    plan = FaultPlan()  # it traces every call of the local backend that opens through it
+    backend = open_backend(FaultyFileSystem(LocalFileSystem(), plan), root=str(run / "de_store"))
+    gc._remove(backend, orphan)  # what delete and remove_orphans do once it is due
+    removed = [path for kind, _, path in plan.trace if kind == "rm"]
+    assert removed and Path(removed[0]).name == "COMMIT-000001", removed
+    assert sorted(p.name for p in (run / "de_store").iterdir()) == ["ckpt-2"]
 
 
 # --- item 6: a KV folder is bound to its TF checkpoint -------------------------------
