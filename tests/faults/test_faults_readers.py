@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -111,7 +112,6 @@ def run_beside_writer(tmp_path: Path, save_path: str | None, options: dict[str, 
 
 
 def check_readers(result: dict[str, Any]) -> None:
-    print(json.dumps(result, indent=1))
     for name in ("fresh_reader", "reusing_reader"):
         counts = result[name]
         assert counts["wrong"] == [], counts["wrong"]
@@ -125,16 +125,22 @@ def check_readers(result: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_readers_beside_a_writer_local(tmp_path: Path) -> None:
-    check_readers(run_beside_writer(tmp_path, None, {}))
-
-
-@pytest.mark.slow
-def test_readers_beside_a_writer_s3(tmp_path: Path, s3_location: StorageLocation) -> None:
-    """TF writes its checkpoints on local disk (it has no S3 filesystem of its own); the
-    KV data goes to the moto server."""
-    result = run_beside_writer(tmp_path, s3_location.url, s3_location.storage_options)
-    check_readers(result)
+def test_readers_beside_a_writer_on_local_disk_and_on_s3(
+    tmp_path: Path, s3_location: StorageLocation
+) -> None:
+    """The two set-ups side by side (their six processes share the cores). On S3, TF
+    writes its checkpoints on local disk (it has no S3 filesystem of its own); the KV data
+    goes to the moto server."""
+    (tmp_path / "local").mkdir()
+    (tmp_path / "s3").mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        local = pool.submit(run_beside_writer, tmp_path / "local", None, {})
+        on_s3 = pool.submit(run_beside_writer, tmp_path / "s3", s3_location.url,
+                            s3_location.storage_options)  # fmt: skip
+        results = {"local": local.result(), "s3": on_s3.result()}
+    print(json.dumps(results, indent=1))
+    for result in results.values():
+        check_readers(result)
 
 
 # --- a removal in the middle of one restore, made to happen -------------------------------
