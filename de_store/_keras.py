@@ -1,0 +1,22 @@
+"""The Keras de_store builds on: the one TensorFlow routes ``tf.keras`` to.
+
+TensorFlow decides which Keras ``tf.keras`` is when it is first used: ``tf_keras`` (Keras 2)
+when the environment variable ``TF_USE_LEGACY_KERAS`` is ``1``, ``true`` or ``True`` at
+that moment, else Keras 3. de_store's layers and optimizers take their base classes from
+``tf.keras`` too, so a TFRA program that runs Keras 2 gets de_store layers and optimizers of
+Keras 2, a Keras 3 program sees no change, and de_store never imports the other Keras.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+#: ``tf.keras``: ``keras`` (3) or ``tf_keras`` (2), as TensorFlow chose.
+keras: Any = tf.keras
+
+
+def is_keras_2() -> bool:
+    """Whether ``tf.keras`` is Keras 2 (``tf_keras``, with ``TF_USE_LEGACY_KERAS``)."""
+    return str(keras.__name__).startswith("tf_keras.")
