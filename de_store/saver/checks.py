@@ -144,6 +144,8 @@ def _entry_number_problems(entry: VariableEntry, proc_size: Any, manifest: str) 
     records = [*entry.shards, *entry.removed]
     if not _is_count(proc_size, 1):
         found.append(f"proc_size must be an integer >= 1, found {proc_size!r}")
+    if not _is_count(entry.dim, 1):
+        found.append(f"dim must be an integer >= 1, found {entry.dim!r}")
     if not _is_count(entry.shard_count):
         found.append(f"shard_count must be an integer >= 0, found {entry.shard_count!r}")
     if entry.key_dtype not in KEY_DTYPES:
@@ -327,7 +329,8 @@ def _file_number_problems(info: dict[str, Any]) -> list[str]:
         if not _is_count(file["crc32c"], 0, 1 << 32):
             found.append(f"files[{index}].crc32c must be a 32-bit crc32c, found "
                          f"{file['crc32c']!r}")  # fmt: skip
-    if not found and info["bytes"] != sum(file["bytes"] for file in files):
+    if not found and (not _is_count(info["bytes"])
+                      or info["bytes"] != sum(file["bytes"] for file in files)):  # fmt: skip
         found.append(f"bytes is {info['bytes']!r}, its files hold "
                      f"{sum(file['bytes'] for file in files)}")  # fmt: skip
     return found

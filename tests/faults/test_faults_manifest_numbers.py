@@ -44,7 +44,7 @@ FIELDS: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {
     "file bytes": ((*INFO, "files", 0, "bytes"), ("bytes",)),
     "schema dim": ((*INFO, "schema", "dim"), ("schema",)),
 }
-VALUES = [10**15, 2**63, -1, 0, 1.5]
+VALUES = [10**15, 2**63, -1, 0, 1.5, 4.0]  # 4.0: equal to 4, not an integer
 
 
 def variable_rows(rows: int = 1000) -> VariableRows:
