@@ -39,6 +39,7 @@ from de_store.formats.batches import batch_from_numpy
 from de_store.formats.binary import decode_pair, numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
 from de_store.saver import shards
+from de_store.saver._tf_bundle import INDEX_SUFFIX, read_index
 from de_store.saver.checks import check_link
 from de_store.saver.commit import read_manifest
 from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
@@ -94,6 +95,32 @@ def tfra_variable_names(backend: Backend) -> list[str]:
     return sorted({m.group(1) for p in backend.list() if (m := _TFRA_FILE.match(p))})
 
 
+#: A TFRA Variable's tables in a TF checkpoint: the object ``tables_of_{name}`` (TFRA tracks
+#: them so), its name escaped as TensorFlow escapes object names ("/" as ".S", "." as "..").
+_TFRA_TABLES = re.compile(r"(?:^|/)tables_of_([^/]+)/")
+
+
+def tfra_checkpoint_names(backend: Backend) -> dict[str, str]:
+    """The real names of the TFRA variables whose files name them with ``/`` as ``_``
+    (``tower_emb`` -> ``tower/emb``), read from the TF checkpoints (``*.index``) beside the
+    TFRA folder: file name -> variable name. A file name that the checkpoints give two
+    names for, or none, is left out (``--name`` names it)."""
+    found: dict[str, set[str]] = {}
+    for path in backend.list():
+        if "/" in path or not path.endswith(INDEX_SUFFIX):
+            continue
+        where = f"{backend.url.rstrip('/')}/{path}"
+        try:
+            tensors = read_index(backend.read_bytes(path), where)
+        except FormatError:
+            continue  # not a TF checkpoint: it names nothing
+        for tensor in tensors:
+            if (match := _TFRA_TABLES.search(tensor)) is not None:
+                name = re.sub(r"\.(S|\.)", lambda m: "/" if m[1] == "S" else ".", match[1])
+                found.setdefault(name.replace("/", "_"), set()).add(name)
+    return {stem: next(iter(names)) for stem, names in found.items() if len(names) == 1}
+
+
 #: Slot names of TFRA's optimizers -> the companion column de_store's optimizers use.
 TFRA_SLOTS = {"m": "adam_m", "v": "adam_v", "accumulator": "adagrad_accumulator"}
 _TFRA_SLOT_NAMES = (*TFRA_SLOTS, "vhat", "momentum", "rms", "mom", "linear")
@@ -129,7 +156,8 @@ def tfra_source(
     if not stems:
         raise FormatError(f"no TFRA files (*_mht_*of*_rank*_size*-keys) under {backend.url}")
     slot_stems = {s for stem in stems for s in tfra_slot_stems(stem, stems).values()}
-    names = names or [s for s in stems if s not in slot_stems]
+    real = tfra_checkpoint_names(backend)
+    names = names or [real.get(s, s) for s in stems if s not in slot_stems]
     out = []
     for name in names:
         slots = tfra_slot_stems(name.replace("/", "_"), stems)

@@ -159,3 +159,42 @@ def test_tfra_slot_files_come_in_as_the_variables_slots(tmp_path: Path) -> None:
         .stdout
     )
     assert sorted(listed["variables"]) == ["tower_emb"]  # the slot files are not variables
+
+
+def tf_checkpoint_naming(prefix: Path, *names: str) -> None:
+    """A TF checkpoint at ``prefix`` holding, as TFRA 0.8.1's does, an object
+    ``tables_of_{name}`` for each TFRA variable (TensorFlow escapes its ``/`` and ``.``)."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    for name in names:
+        module._track_trackable(tf.Variable([0.0]), name=f"tables_of_{name}")
+    tf.train.Checkpoint(m=module).write(str(prefix))
+
+
+def test_tfra_names_come_from_the_tf_checkpoint_beside_the_folder(tmp_path: Path) -> None:
+    """TFRA writes variable ``tower/emb`` as files ``tower_emb_*``: the TF checkpoint it
+    restores them with (``ckpt-N.index``) names it; a bare folder keeps the file names."""
+    import pyarrow as pa
+
+    import de_store as ds
+    from de_store.formats import batch_from_numpy, tfra
+
+    keys = np.array([7, -3, 5], np.int64)
+    rows = {name: (keys, np.stack([keys, keys * i], 1).astype(np.float32))
+            for i, name in enumerate(["tower/emb", "scope.v2/item_emb", "plain_emb"])}  # fmt: skip
+    folder = tmp_path / "run" / "TFRADynamicEmbedding"
+    folder.mkdir(parents=True)
+    for name, (k, v) in rows.items():
+        tfra.write_table(str(folder), name, pa.Table.from_batches([batch_from_numpy(k, v)]))
+    tf_checkpoint_naming(tmp_path / "run" / "ckpt-1", *rows)
+    dst = str(tmp_path / "ckpt")
+    assert main(["convert", "-q", str(tmp_path / "run"), dst, "--dim", "2", "--to", "parquet"]) == 0
+    for name, (k, v) in rows.items():
+        var = ds.Variable(name, dim=2)
+        ds.restore([var], dst)
+        np.testing.assert_array_equal(var.lookup(k).numpy(), v)
+    bare = str(tmp_path / "bare")
+    assert main(["convert", "-q", str(folder), bare, "--dim", "2", "--to", "parquet"]) == 0
+    assert sorted(json.loads(_inspect(bare))["variables"]) == [
+        "plain_emb", "scope.v2_item_emb", "tower_emb"]  # fmt: skip
