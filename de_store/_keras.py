@@ -9,14 +9,17 @@ Keras 2, a Keras 3 program sees no change, and de_store never imports the other 
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import tensorflow as tf
 
-#: ``tf.keras``: ``keras`` (3) or ``tf_keras`` (2), as TensorFlow chose.
-keras: Any = tf.keras
+#: The package ``tf.keras`` routes to: ``keras`` (3) or ``tf_keras`` (2), as TensorFlow
+#: chose. The package, not ``tf.keras`` itself: under Keras 3, ``tf.keras`` is
+#: ``keras._tf_keras.keras``, which lacks ``keras.saving``.
+keras: Any = importlib.import_module(tf.keras.__name__.partition(".")[0])
 
 
 def is_keras_2() -> bool:
     """Whether ``tf.keras`` is Keras 2 (``tf_keras``, with ``TF_USE_LEGACY_KERAS``)."""
-    return str(keras.__name__).startswith("tf_keras.")
+    return str(keras.__name__) == "tf_keras"

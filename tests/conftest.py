@@ -42,6 +42,11 @@ tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfigu
 from de_store.testing import servers  # noqa: E402
 from de_store.testing.servers import StorageLocation  # noqa: E402
 
+#: tests/keras2 run in their own process, under Keras 2 (see tests/keras2/conftest.py)
+collect_ignore = (
+    [] if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True") else ["keras2"]
+)
+
 BUCKET = "de-store-test"
 BACKEND_NAMES = ["local", "memory", "s3", "gcs"]
 

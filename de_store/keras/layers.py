@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from de_store import restrict
+from de_store._keras import keras
 from de_store.embedding import embedding_lookup, trainable_wrapper
 from de_store.keras import _weights
 from de_store.partition import Partitioner, default_partition_fn
@@ -129,14 +129,13 @@ class Embedding(keras.layers.Layer):
 
     @property
     def weights(self) -> list[Any]:
-        return [*super().weights, self._wrapper]
+        # Keras 2 tracks the batch rows as a weight of the layer already, Keras 3 does not
+        return _unique([*super().weights, self._wrapper])
 
     @property
     def variables(self) -> list[Any]:
         # the tables' own variables too: model.export tracks a layer's variables only
-        known = [*super().variables, self._wrapper]
-        seen = {id(v) for v in known}
-        return known + [v for v in self.params.variables if id(v) not in seen]
+        return _unique([*super().variables, self._wrapper, *self.params.variables])
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -154,7 +153,7 @@ class Embedding(keras.layers.Layer):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Embedding:
         config = dict(config)
-        config["initializer"] = keras.saving.deserialize_keras_object(config["initializer"])
+        config["initializer"] = keras.initializers.deserialize(config["initializer"])
         policy = config.get("restrict_policy")
         config["restrict_policy"] = getattr(restrict, policy) if policy else None
         return cls(**config)
@@ -251,6 +250,11 @@ _SEGMENT = {
     "mean": tf.math.unsorted_segment_mean,
     "sqrtn": tf.math.unsorted_segment_sqrt_n,
 }
+
+
+def _unique(variables: list[Any]) -> list[Any]:
+    """``variables`` without repeats (by identity), in order."""
+    return list({id(v): v for v in variables}.values())
 
 
 def _pool(rows: tf.Tensor, axes: list[int], combiner: str) -> tf.Tensor:
