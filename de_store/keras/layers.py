@@ -1,4 +1,5 @@
-"""Keras 3 layers over a dynamic embedding Variable, with TFRA 0.8's names and arguments.
+"""Keras layers over a dynamic embedding Variable, with TFRA 0.8's names and arguments:
+layers of the Keras ``tf.keras`` is (:mod:`de_store._keras`), Keras 3 or Keras 2.
 
 ``Embedding`` looks ids up (``ids.shape + [embedding_size]``); ``SquashedEmbedding``
 reduces every dimension between the batch and the row with ``combiner``;
@@ -7,7 +8,8 @@ reduces every dimension between the batch and the row with ``combiner``;
 
 A layer's table is its weights for Keras: ``model.save("m.keras")`` writes every key and
 row (and the optimizer slots kept beside them) through ``save_own_variables``, and
-``keras.models.load_model`` puts them back, after checking the file's entries against the
+``keras.models.load_model`` puts them back (Keras 2's TF checkpoints and SavedModels save
+the tables as the Variable's TensorFlow trackables), after checking the file's entries against the
 layer (:mod:`de_store.keras._weights`). ``get_config`` holds the layer's arguments;
 ``kv_creator`` is not in it (a saver names storage of the saving process), so a loaded
 layer has the default creator until one is given.
