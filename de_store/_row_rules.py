@@ -2,9 +2,10 @@
 no batch variables (``apply_row_gradients``: the steps of ``ParameterServerStrategy``
 workers, which share the tables and run at the same time).
 
-Each rule follows its Keras 3 optimizer's ``update_step`` to the letter and keeps its slots
-in the same companion columns (``sgd_momentum``, ``adagrad_accumulator``, ``adam_m`` and
-``adam_v``), so a model trains and checkpoints alike on either path.
+Each rule follows its Keras optimizer's ``update_step`` to the letter (Keras 3's and
+tf_keras's are the same) and keeps its slots in the same companion columns
+(``sgd_momentum``, ``adagrad_accumulator``, ``adam_m`` and ``adam_v``), so a model trains
+and checkpoints alike on either path.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import tensorflow as tf
+
+from de_store._slots import slot_column
+from de_store.errors import VariableError
 
 
 class RowRule(NamedTuple):
@@ -86,3 +90,61 @@ RULES = {
     "Adagrad": RowRule(_adagrad_slots, _adagrad),
     "Adam": RowRule(_adam_slots, _adam),
 }
+
+
+class RowGradients:
+    """``apply_row_gradients`` for a de_store optimizer of SGD, Adagrad or Adam (either
+    Keras); the optimizer's class names its rule (:meth:`_keras_class`)."""
+
+    def _keras_class(self) -> type:
+        raise NotImplementedError
+
+    def apply_row_gradients(self, updates: Any) -> None:
+        """Apply the gradients of looked-up rows, without batch variables.
+
+        ``updates`` holds ``(grad, ids, variable)`` triples: ``grad`` is the gradient of the
+        loss with respect to ``variable.lookup(ids)`` (any shape ``ids.shape + [dim]``;
+        rows of repeated ids add up). Each id's row and slots are read from the tables,
+        updated by this optimizer's rule and written back (``write_back``: added as a delta
+        with ``bp_v2``). The step counter advances once.
+
+        This is the update of steps that run on many workers at once and share the tables:
+        a ``ParameterServerStrategy`` step scheduled by a ``ClusterCoordinator``, which
+        cannot hold a batch variable of its own. SGD, Adagrad and Adam have it.
+        """
+        name = self._keras_class().__name__
+        rule = RULES.get(name)
+        if rule is None:
+            raise VariableError(
+                f"apply_row_gradients: expected an SGD, Adagrad or Adam optimizer, got {name}"
+            )
+        step = self.iterations  # type: ignore[attr-defined]
+        lr = self.learning_rate  # type: ignore[attr-defined]
+        for grad, ids, variable in updates:
+            _apply_rule(self, rule, name, grad, ids, variable, lr, step)
+        step.assign_add(1)
+
+
+def _apply_rule(
+    optimizer: Any, rule: RowRule, name: str, grad: Any, ids: Any, variable: Any, lr: Any, step: Any
+) -> None:
+    """One variable's share of :meth:`RowGradients.apply_row_gradients`."""
+    ids = tf.reshape(variable._keys(ids), [-1])
+    unique, position = tf.unique(ids)
+    grad = tf.reshape(tf.convert_to_tensor(grad), [-1, variable.dim])
+    grad = tf.math.unsorted_segment_sum(grad, position, tf.size(unique))
+    rows, existed = variable.lookup(unique, return_exists=True)
+    companions = [
+        variable.companion(slot_column(name, slot), variable.dim, variable.value_dtype, init)
+        for slot, init in rule.slots(optimizer)
+    ]
+    slots = [companion.lookup(unique, return_exists=True) for companion in companions]
+    lr = tf.cast(lr, rows.dtype)
+    new_rows, new_slots = rule.update(
+        optimizer, rows, tf.cast(grad, rows.dtype), [s for s, _ in slots], lr, step
+    )
+    variable.write_back(unique, rows, new_rows, existed)
+    for companion, (old, slot_existed), new in zip(companions, slots, new_slots, strict=True):
+        companion.write_back(unique, old, new, slot_existed)
+    if variable.restrict_policy is not None:
+        variable.restrict_policy.apply_update(unique)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
 import tensorflow as tf
+
+from de_store._keras import keras
 
 #: Slot columns with names of their own (Keras Adam's and Adagrad's, as checkpoints hold them).
 _COLUMNS = {

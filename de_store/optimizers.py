@@ -1,5 +1,9 @@
-"""Sparse optimizers: any Keras 3 or ``tf.compat.v1.train`` optimizer, extended to train
+"""Sparse optimizers: any Keras or ``tf.compat.v1.train`` optimizer, extended to train
 dynamic embeddings by updating only the looked-up keys.
+
+The Keras is the one ``tf.keras`` routes to (:mod:`de_store._keras`): Keras 3, or tf_keras
+under ``TF_USE_LEGACY_KERAS=1``, whose optimizers :mod:`de_store._keras2_optimizers` extends
+(``tf.keras.optimizers`` and ``tf.keras.optimizers.legacy`` both).
 
 :func:`DynamicEmbeddingOptimizer` (TFRA's name) takes an optimizer and returns one of the
 same class that also accepts :class:`~de_store.embedding.TrainableWrapper` s. For each
@@ -20,10 +24,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import keras
 import tensorflow as tf
 
-from de_store import _row_rules, _v1_optimizers
+from de_store import _keras2_optimizers, _v1_optimizers
+from de_store._keras import is_keras_2, keras
+from de_store._row_rules import RowGradients
 from de_store._slots import (
     aggregate,
     load_slot,
@@ -37,7 +42,7 @@ from de_store.errors import VariableError
 
 
 class _RowSlots:
-    """A Keras optimizer whose slots for a wrapper are ``[None, dim]`` variables.
+    """A Keras 3 optimizer whose slots for a wrapper are ``[None, dim]`` variables.
 
     Keras creates a slot of the reference variable's shape; a wrapper's row count changes
     with every batch, so its slots are variables of unknown row count, recorded with their
@@ -62,8 +67,9 @@ def _rows_class(keras_class: type) -> type:
     return type(f"Rows{keras_class.__name__}", (_RowSlots, keras_class), {})
 
 
-class _SparseMixin:
-    """Routes wrapper gradients to :meth:`_apply_sparse`, the rest to the Keras optimizer."""
+class _SparseMixin(RowGradients):
+    """Mixed into a Keras 3 optimizer class: routes wrapper gradients to
+    :meth:`_apply_sparse`, the rest to the Keras optimizer."""
 
     def build(self, variables: list[Any]) -> None:
         super().build([v for v in variables if wrapper_of(v) is None])  # type: ignore[misc]
@@ -100,31 +106,6 @@ class _SparseMixin:
         grads = tape.gradient(loss, variables)
         self.apply(grads, variables)
         return self.iterations  # type: ignore[attr-defined]
-
-    def apply_row_gradients(self, updates: Any) -> None:
-        """Apply the gradients of looked-up rows, without batch variables.
-
-        ``updates`` holds ``(grad, ids, variable)`` triples: ``grad`` is the gradient of the
-        loss with respect to ``variable.lookup(ids)`` (any shape ``ids.shape + [dim]``;
-        rows of repeated ids add up). Each id's row and slots are read from the tables,
-        updated by this optimizer's rule and written back (``write_back``: added as a delta
-        with ``bp_v2``). The step counter advances once.
-
-        This is the update of steps that run on many workers at once and share the tables:
-        a ``ParameterServerStrategy`` step scheduled by a ``ClusterCoordinator``, which
-        cannot hold a batch variable of its own. SGD, Adagrad and Adam have it.
-        """
-        name = self._keras_class().__name__
-        rule = _row_rules.RULES.get(name)
-        if rule is None:
-            raise VariableError(
-                f"apply_row_gradients: expected an SGD, Adagrad or Adam optimizer, got {name}"
-            )
-        step = self.iterations  # type: ignore[attr-defined]
-        lr = self.learning_rate  # type: ignore[attr-defined]
-        for grad, ids, variable in updates:
-            _apply_rule(self, rule, name, grad, ids, variable, lr, step)
-        step.assign_add(1)
 
     def _keras_class(self) -> type:
         return next(
@@ -163,43 +144,22 @@ class _SparseMixin:
         write_back_rows(wrapper, old, slots)
 
 
-def _apply_rule(
-    optimizer: Any, rule: Any, name: str, grad: Any, ids: Any, variable: Any, lr: Any, step: Any
-) -> None:
-    """One variable's share of :meth:`_SparseMixin.apply_row_gradients`."""
-    ids = tf.reshape(variable._keys(ids), [-1])
-    unique, position = tf.unique(ids)
-    grad = tf.reshape(tf.convert_to_tensor(grad), [-1, variable.dim])
-    grad = tf.math.unsorted_segment_sum(grad, position, tf.size(unique))
-    rows, existed = variable.lookup(unique, return_exists=True)
-    companions = [
-        variable.companion(slot_column(name, slot), variable.dim, variable.value_dtype, init)
-        for slot, init in rule.slots(optimizer)
-    ]
-    slots = [companion.lookup(unique, return_exists=True) for companion in companions]
-    lr = tf.cast(lr, rows.dtype)
-    new_rows, new_slots = rule.update(
-        optimizer, rows, tf.cast(grad, rows.dtype), [s for s, _ in slots], lr, step
-    )
-    variable.write_back(unique, rows, new_rows, existed)
-    for companion, (old, slot_existed), new in zip(companions, slots, new_slots, strict=True):
-        companion.write_back(unique, old, new, slot_existed)
-    if variable.restrict_policy is not None:
-        variable.restrict_policy.apply_update(unique)
+#: The sparse mixin of the Keras ``tf.keras`` routes to.
+_Sparse: Any = _keras2_optimizers.Keras2Sparse if is_keras_2() else _SparseMixin
 
 
-@keras.saving.register_keras_serializable(package="de_store")
-class SGD(_SparseMixin, keras.optimizers.SGD):
+@keras.utils.register_keras_serializable(package="de_store")
+class SGD(_Sparse, keras.optimizers.SGD):
     """``keras.optimizers.SGD`` + sparse updates (slot ``sgd_momentum`` with momentum)."""
 
 
-@keras.saving.register_keras_serializable(package="de_store")
-class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
+@keras.utils.register_keras_serializable(package="de_store")
+class Adagrad(_Sparse, keras.optimizers.Adagrad):
     """``keras.optimizers.Adagrad`` + sparse updates; slot ``adagrad_accumulator``."""
 
 
-@keras.saving.register_keras_serializable(package="de_store")
-class Adam(_SparseMixin, keras.optimizers.Adam):
+@keras.utils.register_keras_serializable(package="de_store")
+class Adam(_Sparse, keras.optimizers.Adam):
     """``keras.optimizers.Adam`` + sparse updates; slots ``adam_m`` and ``adam_v``."""
 
 
@@ -215,23 +175,34 @@ def _sparse_class(keras_class: type) -> type:
     named = _NAMED_CLASSES.get(keras_class)
     if named is not None:
         return named
-    created = type(keras_class.__name__, (_SparseMixin, keras_class), {"__module__": __name__})
+    created = type(keras_class.__name__, (_Sparse, keras_class), {"__module__": __name__})
     # a compiled model's .keras file names its optimizer's class: load_model finds it here
-    return keras.saving.register_keras_serializable(package="de_store")(created)
+    return keras.utils.register_keras_serializable(package="de_store")(created)
+
+
+_SPARSE_KINDS = (
+    _SparseMixin,
+    _keras2_optimizers.Keras2Sparse,
+    _keras2_optimizers.LegacySparse,
+    _v1_optimizers.V1Sparse,
+)
 
 
 def DynamicEmbeddingOptimizer(optimizer: Any) -> Any:
     """Return an optimizer of ``optimizer``'s class and settings that also trains
     dynamic embeddings (TFRA's ``dynamic_embedding.DynamicEmbeddingOptimizer``).
 
-    ``optimizer`` is any Keras 3 optimizer (``keras.optimizers.Adam``, ``RMSprop``,
-    ``Ftrl`` ...) or any ``tf.compat.v1.train.Optimizer``. A Keras optimizer is copied
-    through its config; a ``tf.compat.v1`` optimizer is extended in place and returned.
+    ``optimizer`` is any optimizer of the Keras ``tf.keras`` routes to (``Adam``,
+    ``RMSprop``, ``Ftrl`` ...; under Keras 2 ``tf.keras.optimizers.legacy`` ones too) or
+    any ``tf.compat.v1.train.Optimizer``. A Keras optimizer is copied through its config;
+    a ``tf.compat.v1`` optimizer is extended in place and returned.
     """
-    if isinstance(optimizer, (_SparseMixin, _v1_optimizers.V1Sparse)):
+    if isinstance(optimizer, _SPARSE_KINDS):
         return optimizer
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         return _v1_optimizers.extend(optimizer)
+    if is_keras_2() and isinstance(optimizer, keras.optimizers.legacy.Optimizer):
+        return _keras2_optimizers.extend_legacy(optimizer)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise VariableError(
             "DynamicEmbeddingOptimizer: expected a Keras optimizer or a "
