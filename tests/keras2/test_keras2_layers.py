@@ -5,6 +5,8 @@ of tf_keras, its checkpoint callbacks, and TFRA's export for serving without de_
 from __future__ import annotations
 
 import json
+import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -205,3 +207,15 @@ def test_tfra_export_serves_without_de_store(tmp_path: Path) -> None:
     )
     assert served.returncode == 0, served.stderr[-3000:]
     np.testing.assert_array_equal(json.loads(served.stdout.splitlines()[-1]), expected)
+
+
+def test_the_keras_2_example_of_docs_keras_md_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = (Path(__file__).parents[2] / "docs" / "keras.md").read_text()
+    blocks = re.findall(r"^```python keras2\n(.*?)^```", page, re.M | re.S)
+    assert blocks, "docs/keras.md: expected a ```python keras2 block"
+    monkeypatch.chdir(tmp_path)
+    for index, block in enumerate(blocks):  # from a file: autograph reads the source
+        (tmp_path / f"example_{index}.py").write_text(block)
+        runpy.run_path(str(tmp_path / f"example_{index}.py"), run_name="__docs__")
