@@ -118,13 +118,6 @@ class Keras2Sparse(RowGradients):
             )
         return self.iterations.assign_add(1)  # type: ignore[attr-defined]
 
-    def _keras_class(self) -> type:
-        return next(
-            c
-            for c in type(self).__mro__
-            if issubclass(c, keras.optimizers.Optimizer) and not issubclass(c, Keras2Sparse)
-        )
-
     def _rows_optimizer(self, wrapper: TrainableWrapper) -> Any:
         """The optimizer (of this one's class and config) that updates the rows of
         ``wrapper``: built on it once, sharing this one's step count and learning rate."""

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from de_store._keras import keras
 from de_store._slots import slot_column
 from de_store.errors import VariableError
 
@@ -97,7 +98,13 @@ class RowGradients:
     Keras); the optimizer's class names its rule (:meth:`_keras_class`)."""
 
     def _keras_class(self) -> type:
-        raise NotImplementedError
+        """The Keras optimizer class this optimizer extends: the first of its classes that
+        is a Keras optimizer and not one of de_store's."""
+        return next(
+            c
+            for c in type(self).__mro__
+            if issubclass(c, keras.optimizers.Optimizer) and not issubclass(c, RowGradients)
+        )
 
     def apply_row_gradients(self, updates: Any) -> None:
         """Apply the gradients of looked-up rows, without batch variables.

@@ -107,13 +107,6 @@ class _SparseMixin(RowGradients):
         self.apply(grads, variables)
         return self.iterations  # type: ignore[attr-defined]
 
-    def _keras_class(self) -> type:
-        return next(
-            c
-            for c in type(self).__mro__
-            if issubclass(c, keras.optimizers.Optimizer) and not issubclass(c, _SparseMixin)
-        )
-
     def _rows_optimizer(self, wrapper: TrainableWrapper) -> Any:
         """The optimizer (of this one's Keras class and config) that updates the rows of
         ``wrapper``: built on it once, sharing this one's step count and learning rate."""
