@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.saved_model import save_context
 
 from de_store._keras import keras
 from de_store._row_rules import RowGradients
@@ -176,6 +177,12 @@ class LegacySparse:
         wrapper = wrapper_of(var)
         if wrapper is None:
             return super().get_slot(var, slot_name)  # type: ignore[misc]
+        if save_context.in_save_context():
+            # A SavedModel saves no slot of a wrapper (KeyError: TensorFlow skips it), as
+            # Keras 3 and tf_keras's current optimizers save none: a loader would revive it
+            # with the optimizer's add_slot, which cannot fill the wrapper's [None, dim]
+            # shape, and its rows are only a batch's, which the companion tables hold.
+            raise KeyError(f"{wrapper.name}: the slots of batch rows are not saved")
         return self._row_slots(wrapper)[slot_name][0]
 
     def _row_slots(self, wrapper: TrainableWrapper) -> dict[str, tuple[Any, Any]]:

@@ -118,6 +118,36 @@ def test_weights_files_and_saved_models_carry_tables_and_slots_exactly(
     np.testing.assert_array_equal(loaded.predict(IDS, verbose=0), expected)
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["Adam", "legacy Adam"])
+def test_a_trained_model_saved_as_saved_model_loads_and_predicts_the_same(
+    tmp_path: Path, legacy: bool
+) -> None:
+    """The batch rows' slots are not saved: both loads revive the model."""
+    ids = keras.Input(shape=(3,), dtype="int64")
+    rows = de_store.keras.layers.Embedding(4, name=f"trained_{legacy}")(ids)
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(rows)))
+    adam = (keras.optimizers.legacy.Adam if legacy else keras.optimizers.Adam)(0.05)
+    model.compile(optimizer=ds.DynamicEmbeddingOptimizer(adam), loss="binary_crossentropy")
+    model.fit(*clicks(), epochs=1, batch_size=64, verbose=0)
+    held = {layer.name: tables(layer) for layer in de_store_layers(model)}
+    assert all(sorted(t) == ["", "adam_m", "adam_v"] for t in held.values())
+    ids = clicks()[0][:8]  # ids the tables hold: inference mode adds no rows
+    expected = model.predict(ids, verbose=0)
+    model.save(str(tmp_path / "saved"))
+    ds.enable_inference_mode()
+    try:
+        tf.saved_model.save(model, str(tmp_path / "export"))
+    finally:
+        ds.enable_train_mode()
+    served = tf.saved_model.load(str(tmp_path / "export"))
+    out = served.signatures["serving_default"](tf.constant(ids))
+    np.testing.assert_array_equal(next(iter(out.values())), expected)
+    clear(model)
+    loaded = keras.models.load_model(str(tmp_path / "saved"))
+    assert {layer.name: tables(layer) for layer in de_store_layers(loaded)} == held
+    np.testing.assert_array_equal(loaded.predict(ids, verbose=0), expected)
+
+
 class Ranker(keras.Model):
     """A model as TFRA's Keras 2 demos write one: layers in ``__init__``, a ``tf.function``
     call. The embedding is not trained here: the dense layer is, by a plain tf_keras Adam."""
