@@ -115,7 +115,7 @@ def check_schema_info(info: SchemaInfo) -> None:
             f"key_dtype {info.key_dtype!r} of {info.name!r} is not one of {list(KEY_DTYPES)}"
         )
     for what, count in (("dim", info.dim), *((e.name, e.width) for e in info.extras if e.width)):
-        if not _is_count(count) or count < 1:
+        if not is_count(count, 1):
             raise ValueError(f"{what} of {info.name!r} must be an integer >= 1, got {count!r}")
     for dtype in (info.value_dtype, *(e.dtype for e in info.extras)):
         if dtype not in VALUE_DTYPES:
@@ -125,8 +125,11 @@ def check_schema_info(info: SchemaInfo) -> None:
         raise ValueError(f"column names of {info.name!r} repeat: {names}")
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_count(value: object, least: int = 0, below: int | None = None) -> bool:
+    """``value`` is an integer (not a bool, not a float) in ``[least, below)``: what a
+    count, size or index read from storage must be before anything uses it."""
+    return (isinstance(value, int) and not isinstance(value, bool) and value >= least
+            and (below is None or value < below))  # fmt: skip
 
 
 def column_row_bytes(info: SchemaInfo) -> list[int]:

@@ -36,7 +36,8 @@ class BundleEntry:
     crc32c: int
 
 
-#: What TensorFlow adds to a bundle's prefix: its (single-shard) data file, its index.
+#: What TensorFlow adds to a bundle's prefix: its (single-shard) data file, its index (a
+#: TF checkpoint is such a bundle: ``binding`` and ``convert`` find one by its index).
 DATA_SUFFIX = ".data-00000-of-00001"
 INDEX_SUFFIX = ".index"
 #: What ``BundleWriter`` adds, with a random number, to a file's name while it writes it.

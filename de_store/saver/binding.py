@@ -24,11 +24,10 @@ from fsspec.spec import AbstractFileSystem
 from de_store.backends.base import Backend
 from de_store.backends.fsspec_generic import FsspecBackend
 from de_store.errors import CheckpointMismatchError
+from de_store.saver._tf_bundle import INDEX_SUFFIX  # every TF checkpoint's PREFIX.index
 from de_store.saver.manifest import Manifest, TFCheckpointRef
 
 _LOCAL = (None, "file", "local")
-#: The file every TF checkpoint has beside its data: ``PREFIX.index``.
-INDEX_SUFFIX = ".index"
 
 
 def reference(backend: Backend, folder: str, tf_prefix: str, checkpoint_id: str) -> TFCheckpointRef:

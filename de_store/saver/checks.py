@@ -35,7 +35,7 @@ import pyarrow as pa
 from de_store.backends.base import Backend
 from de_store.errors import CheckpointCorruptError, DeStoreError, StorageNotFoundError
 from de_store.formats import FORMATS, SchemaInfo, ShardInfo, get_format
-from de_store.formats._schema import KEY_DTYPES, VALUE_DTYPES
+from de_store.formats._schema import KEY_DTYPES, VALUE_DTYPES, is_count
 from de_store.formats.batches import batch_to_numpy
 from de_store.saver.buckets import key_hash_mod
 from de_store.saver.commit import latest_generation, manifest_name
@@ -127,12 +127,6 @@ def entry_problems(entry: VariableEntry, proc_size: int, manifest: str) -> list[
     return problems
 
 
-def _is_count(value: Any, least: int = 0, below: int | None = None) -> bool:
-    """``value`` is an integer (not a bool) in ``[least, below)``."""
-    return (isinstance(value, int) and not isinstance(value, bool) and value >= least
-            and (below is None or value < below))  # fmt: skip
-
-
 def _columns_of(entry: VariableEntry) -> dict[str, ColumnSpec]:
     return {"value": ColumnSpec(entry.value_dtype, entry.dim), **entry.columns}
 
@@ -142,11 +136,11 @@ def _entry_number_problems(entry: VariableEntry, proc_size: Any, manifest: str) 
     rank, shard, ``num_buckets`` and ``part_buckets``, checked as numbers."""
     found: list[str] = []
     records = [*entry.shards, *entry.removed]
-    if not _is_count(proc_size, 1):
+    if not is_count(proc_size, 1):
         found.append(f"proc_size must be an integer >= 1, found {proc_size!r}")
-    if not _is_count(entry.dim, 1):
+    if not is_count(entry.dim, 1):
         found.append(f"dim must be an integer >= 1, found {entry.dim!r}")
-    if not _is_count(entry.shard_count):
+    if not is_count(entry.shard_count):
         found.append(f"shard_count must be an integer >= 0, found {entry.shard_count!r}")
     if entry.key_dtype not in KEY_DTYPES:
         found.append(f"key_dtype must be one of {list(KEY_DTYPES)}, found {entry.key_dtype!r}")
@@ -154,7 +148,7 @@ def _entry_number_problems(entry: VariableEntry, proc_size: Any, manifest: str) 
         found.append(f"columns must be a mapping, found {entry.columns!r}")
     else:
         for name, spec in _columns_of(entry).items():
-            if not _is_count(spec.dim, 1):
+            if not is_count(spec.dim, 1):
                 found.append(f"dim of column {name!r} must be an integer >= 1, found "
                              f"{spec.dim!r}")  # fmt: skip
             if spec.dtype not in VALUE_DTYPES:
@@ -183,18 +177,18 @@ def _record_name(entry: VariableEntry, index: int) -> str:
 def _record_number_problems(record: ShardRecord, shards: int) -> list[str]:
     """``shards``: a bound of the shard numbers (ranks x shard_count)."""
     found = []
-    if not _is_count(record.rank):
+    if not is_count(record.rank):
         found.append(f"rank must be an integer >= 0, found {record.rank!r}")
-    if not _is_count(record.shard, 0, shards):
+    if not is_count(record.shard, 0, shards):
         found.append(f"shard must be an integer from 0 to {shards - 1} (proc_size x "
                      f"shard_count), found {record.shard!r}")  # fmt: skip
-    if not _is_count(record.num_buckets, 1, MAX_BUCKETS + 1):
+    if not is_count(record.num_buckets, 1, MAX_BUCKETS + 1):
         found.append(f"num_buckets must be an integer from 1 to {MAX_BUCKETS}, found "
                      f"{record.num_buckets!r}")  # fmt: skip
     elif not isinstance(record.part_buckets, list):
         found.append(f"part_buckets must be a list, found {record.part_buckets!r}")
     else:
-        bad = [b for b in record.part_buckets if not _is_count(b, 0, record.num_buckets)]
+        bad = [b for b in record.part_buckets if not is_count(b, 0, record.num_buckets)]
         if bad:
             found.append(f"part_buckets {bad[:5]} are not buckets of 0.."
                          f"{record.num_buckets - 1} (num_buckets "
@@ -275,11 +269,11 @@ def _info_problems(
     if not isinstance(path, str) or info["format"] not in FORMATS:
         return [Problem(str(path), f"path {path!r} or format {info['format']!r} is not valid")]
     found = _schema_problems(info, entry, columns)
-    if not _is_count(info["rows"]):
+    if not is_count(info["rows"]):
         found.append(f"rows must be an integer >= 0, found {info['rows']!r}")
     offset = 0
     for index, part in enumerate(info["parts"]):
-        if not _is_count(part["rows"]):
+        if not is_count(part["rows"]):
             found.append(f"parts[{index}].rows must be an integer >= 0, found {part['rows']!r}")
             break
         if part["row_offset"] != offset or isinstance(part["row_offset"], bool):
@@ -323,13 +317,13 @@ def _file_number_problems(info: dict[str, Any]) -> list[str]:
     for index, file in enumerate(files):
         if not isinstance(file["path"], str):
             found.append(f"files[{index}].path must be a string, found {file['path']!r}")
-        if not _is_count(file["bytes"]):
+        if not is_count(file["bytes"]):
             found.append(f"files[{index}].bytes ({file['path']!r}) must be an integer >= 0, "
                          f"found {file['bytes']!r}")  # fmt: skip
-        if not _is_count(file["crc32c"], 0, 1 << 32):
+        if not is_count(file["crc32c"], 0, 1 << 32):
             found.append(f"files[{index}].crc32c must be a 32-bit crc32c, found "
                          f"{file['crc32c']!r}")  # fmt: skip
-    if not found and (not _is_count(info["bytes"])
+    if not found and (not is_count(info["bytes"])
                       or info["bytes"] != sum(file["bytes"] for file in files)):  # fmt: skip
         found.append(f"bytes is {info['bytes']!r}, its files hold "
                      f"{sum(file['bytes'] for file in files)}")  # fmt: skip
@@ -368,8 +362,8 @@ def _range_problems(info: dict[str, Any]) -> list[Problem]:
                                                f"for {len(files)} files")]  # fmt: skip
         for file, span in zip(files, ranges, strict=True):
             offset, length = span["offset"], span["length"]
-            if not (_is_count(offset, -(1 << 63)) and _is_count(length, -(1 << 63))
-                    and _is_count(span["crc32c"], 0, 1 << 32)):  # fmt: skip
+            if not (is_count(offset, -(1 << 63)) and is_count(length, -(1 << 63))
+                    and is_count(span["crc32c"], 0, 1 << 32)):  # fmt: skip
                 return [Problem(str(file["path"]), f"part {index}'s byte range (offset "
                                 f"{offset!r}, length {length!r}, crc32c {span['crc32c']!r}) "
                                 "must be integers")]  # fmt: skip
