@@ -17,6 +17,7 @@ layer has the default creator until one is given.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ import tensorflow as tf
 from de_store import restrict
 from de_store._keras import keras
 from de_store.embedding import embedding_lookup, trainable_wrapper
+from de_store.errors import FormatError
 from de_store.keras import _weights
 from de_store.partition import Partitioner, default_partition_fn
 from de_store.variable import HashTableCreator, get_variable
@@ -128,6 +130,11 @@ class Embedding(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
         return (*tuple(input_shape), self.embedding_size)
+
+    @property
+    def trainable_weights(self) -> list[Any]:
+        _refuse_legacy_hdf5(self.name)
+        return super().trainable_weights  # type: ignore[no-any-return]
 
     @property
     def weights(self) -> list[Any]:
@@ -252,6 +259,24 @@ _SEGMENT = {
     "mean": tf.math.unsorted_segment_mean,
     "sqrtn": tf.math.unsorted_segment_sqrt_n,
 }
+
+
+def _refuse_legacy_hdf5(layer: str) -> None:
+    """Raise FormatError when Keras 2's legacy HDF5 saving or loading asks for the weights.
+
+    A ``.h5`` file of ``save_weights``, ``model.save`` or ``load_weights`` (tf_keras's
+    ``hdf5_format``) holds fixed-shape variables by position; a table's rows are not one.
+    Its writer would store the table's internal buffers and its reader assign them back
+    only into a table of the same capacity, so both are refused. tf_keras asks for the
+    weights through ``_legacy_weights``, after it has opened the file.
+    """
+    caller = sys._getframe(2).f_code
+    if caller.co_name == "_legacy_weights" and caller.co_filename.endswith("hdf5_format.py"):
+        raise FormatError(
+            f"layer {layer!r}: Keras 2's legacy HDF5 format (a '.h5' file) holds fixed-shape "
+            "weights by position and cannot hold a dynamic table's rows; use a TensorFlow "
+            "checkpoint (a path without '.h5'), a '.weights.h5' or a '.keras' file"
+        )
 
 
 def _unique(variables: list[Any]) -> list[Any]:

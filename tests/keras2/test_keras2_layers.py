@@ -118,6 +118,21 @@ def test_weights_files_and_saved_models_carry_tables_and_slots_exactly(
     np.testing.assert_array_equal(loaded.predict(IDS, verbose=0), expected)
 
 
+def test_legacy_h5_files_are_refused_naming_the_layer_and_the_tables_stay(tmp_path: Path) -> None:
+    """Keras 2's legacy .h5 holds fixed-shape weights by position: no table fits in it."""
+    model = three_layer_model("legacy_h5")
+    held = fill(model)
+    message = "layer 'legacy_h5_(rows|sq|fw)': " + re.escape("Keras 2's legacy HDF5 format (a '.h5'")
+    with pytest.raises(ds.errors.FormatError, match=message):
+        model.save_weights(str(tmp_path / "w.h5"))
+    with pytest.raises(ds.errors.FormatError, match=message):
+        model.save(str(tmp_path / "m.h5"))
+    with pytest.raises(ds.errors.FormatError, match=message):
+        model.load_weights(str(tmp_path / "w.h5"))  # written by h5py up to the refusal
+    for layer in de_store_layers(model):
+        assert tables(layer) == held[layer.name]
+
+
 @pytest.mark.parametrize("legacy", [False, True], ids=["Adam", "legacy Adam"])
 def test_a_trained_model_saved_as_saved_model_loads_and_predicts_the_same(
     tmp_path: Path, legacy: bool
