@@ -16,8 +16,10 @@ import tensorflow as tf
 
 #: The package ``tf.keras`` routes to: ``keras`` (3) or ``tf_keras`` (2), as TensorFlow
 #: chose. The package, not ``tf.keras`` itself: under Keras 3, ``tf.keras`` is
-#: ``keras._tf_keras.keras``, which lacks ``keras.saving``.
-keras: Any = importlib.import_module(tf.keras.__name__.partition(".")[0])
+#: ``keras._tf_keras.keras``, which lacks ``keras.saving``. Found from a class's module:
+#: once a program has run ``from tensorflow.keras.x import y``, ``tf.keras`` is a module
+#: named ``tensorflow.keras``, whichever Keras it holds.
+keras: Any = importlib.import_module(tf.keras.layers.Layer.__module__.partition(".")[0])
 
 
 def is_keras_2() -> bool:

@@ -5,6 +5,7 @@ of tf_keras, its checkpoint callbacks, and TFRA's export for serving without de_
 from __future__ import annotations
 
 import json
+import os
 import re
 import runpy
 import subprocess
@@ -37,6 +38,24 @@ def test_the_layers_are_tf_keras_layers_and_keras_3_is_not_imported() -> None:
     for layer_class in (de_store.keras.Embedding, de_store.keras.layers.SquashedEmbedding):
         assert issubclass(layer_class, keras.layers.Layer)
     assert de_store.keras.layers.BasicEmbedding is de_store.keras.Embedding
+
+
+def test_a_program_that_imported_from_tensorflow_keras_first_gets_tf_keras_layers() -> None:
+    """After ``from tensorflow.keras.optimizers import Adam`` (TFRA's demos start so),
+    ``tf.keras`` is a module named ``tensorflow.keras``: the layers still find tf_keras."""
+    program = (
+        "from tensorflow.keras.optimizers import Adam\n"
+        "import de_store as de\n"
+        "layer = de.keras.layers.SquashedEmbedding(4, name='after_import')\n"
+        "bases = [c.__module__ for c in type(layer).__mro__]\n"
+        "print(next(b for b in bases if 'keras.' in b and 'de_store' not in b))\n"
+    )
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("tf_keras.src.engine."), done.stdout
 
 
 @keras.saving.register_keras_serializable(package="tests")
