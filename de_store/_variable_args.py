@@ -117,10 +117,24 @@ class Initializer:
         return self.constant
 
     def rows(self, count: tf.Tensor) -> tf.Tensor:
-        """``count`` fresh rows, shape ``[count, dim]``."""
+        """``count`` fresh rows, shape ``[count, dim]``.
+
+        An initializer that cannot make them (tf_keras's ``Constant`` and
+        ``tf.constant_initializer`` build ``tf.constant(value, shape)``, which needs a shape
+        known when a graph is built, and a value of that many elements) gives one
+        ``[1, dim]`` row, broadcast to every key's, as TFRA fills new keys from one row.
+        """
+        shape = tf.stack([count, self.dim])
         if self.function is None:
-            return tf.broadcast_to(self.constant, tf.stack([count, self.dim]))
-        rows = self.function(shape=tf.stack([count, self.dim]), dtype=self.value_dtype)
+            return tf.broadcast_to(self.constant, shape)
+        try:
+            rows = self.function(shape=shape, dtype=self.value_dtype)
+        except (NotImplementedError, TypeError, ValueError) as err:
+            try:
+                row = self.function(shape=[1, self.dim], dtype=self.value_dtype)
+            except (NotImplementedError, TypeError, ValueError):
+                raise err from None
+            rows = tf.broadcast_to(row, shape)
         return tf.cast(rows, self.value_dtype)
 
 

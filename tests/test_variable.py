@@ -96,6 +96,20 @@ def test_callable_initializer_draws_rows_for_missing_keys_only() -> None:
     assert values.shape == (3, 3) and not np.array_equal(values[1], values[2])
 
 
+@pytest.mark.parametrize(
+    "initializer",
+    [tf.constant_initializer([1.0, 2.0, 3.0]), tf.keras.initializers.Constant([1.0, 2.0, 3.0])],
+    ids=["tf.constant_initializer", "keras Constant"],
+)
+def test_constant_initializers_fill_rows_in_functions_of_any_batch(initializer: object) -> None:
+    """tf.constant(value, shape) needs the shape when the graph is built and a value of
+    that many elements: the row is made once and broadcast, as TFRA does."""
+    var = ds.Variable("init_constant", dim=3, initializer=initializer)
+    lookup = tf.function(var.lookup, input_signature=[tf.TensorSpec([None], tf.int64)])
+    for values in (lookup(tf.constant([4, 5], tf.int64)), var.lookup([4, 5])):
+        np.testing.assert_array_equal(values.numpy(), [[1.0, 2.0, 3.0]] * 2)
+
+
 def test_int_keys_go_to_floormod_shard_and_round_trip() -> None:
     var = ds.get_variable("sharded", dim=2, devices=CPUS[:4])
     keys = np.array([-7, -1, 0, 1, 2, 3, 4, 5, 10, 11], np.int64)

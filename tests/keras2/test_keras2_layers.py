@@ -58,6 +58,15 @@ def test_a_program_that_imported_from_tensorflow_keras_first_gets_tf_keras_layer
     assert done.stdout.startswith("tf_keras.src.engine."), done.stdout
 
 
+def test_a_functional_model_fills_new_ids_from_a_tf_keras_constant_initializer() -> None:
+    """tf_keras's Constant needs a static shape; a model's batch has none."""
+    ids = keras.Input(shape=(2,), dtype="int64")
+    init = keras.initializers.Constant(0.1)
+    rows = de_store.keras.layers.Embedding(3, initializer=init, name="constant_rows")(ids)
+    model = keras.Model(ids, rows)
+    np.testing.assert_allclose(model.predict(IDS[:, :2], verbose=0), np.full([3, 2, 3], 0.1))
+
+
 @keras.saving.register_keras_serializable(package="tests")
 def fields(ids: tf.Tensor) -> tf.Tensor:
     """The field of each id (its parity): registered, so a loaded layer finds it."""
