@@ -225,7 +225,7 @@ def _legacy_class(legacy_class: type) -> type:
 
 
 def extend_legacy(optimizer: Any) -> Any:
-    """An optimizer of ``optimizer``'s ``OptimizerV2`` class and config that trains dynamic
-    embeddings too."""
-    legacy_class: Any = _legacy_class(type(optimizer))  # type: ignore[arg-type]
-    return legacy_class.from_config(optimizer.get_config())
+    """Make ``optimizer`` (an ``OptimizerV2``) train dynamic embeddings too, in place (its
+    class becomes a subclass of its own), and return it."""
+    optimizer.__class__ = _legacy_class(type(optimizer))  # type: ignore[arg-type]
+    return optimizer

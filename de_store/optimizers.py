@@ -187,8 +187,9 @@ def DynamicEmbeddingOptimizer(optimizer: Any) -> Any:
 
     ``optimizer`` is any optimizer of the Keras ``tf.keras`` routes to (``Adam``,
     ``RMSprop``, ``Ftrl`` ...; under Keras 2 ``tf.keras.optimizers.legacy`` ones too) or
-    any ``tf.compat.v1.train.Optimizer``. A Keras optimizer is copied through its config;
-    a ``tf.compat.v1`` optimizer is extended in place and returned.
+    any ``tf.compat.v1.train.Optimizer``. As in TFRA, it is extended in place (its class
+    becomes a subclass of its own class) and returned: the object the program holds, its
+    settings and any state it has built train dynamic embeddings too.
     """
     if isinstance(optimizer, _SPARSE_KINDS):
         return optimizer
@@ -201,5 +202,5 @@ def DynamicEmbeddingOptimizer(optimizer: Any) -> Any:
             "DynamicEmbeddingOptimizer: expected a Keras optimizer or a "
             f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}"
         )
-    sparse_class: Any = _sparse_class(type(optimizer))  # type: ignore[arg-type]
-    return sparse_class.from_config(optimizer.get_config())
+    optimizer.__class__ = _sparse_class(type(optimizer))  # type: ignore[arg-type]
+    return optimizer

@@ -100,6 +100,15 @@ def test_every_compat_v1_optimizer_updates_the_looked_up_rows_as_on_a_dense_vari
     np.testing.assert_allclose(var.lookup([3, 7, -2]).numpy(), expected, rtol=2e-5, atol=1e-6)
 
 
+def test_the_optimizer_is_extended_in_place_as_tfra_does() -> None:
+    """TFRA programs may go on with the object they passed in: it trains the tables."""
+    adam = KERAS["adam"]()
+    assert ds.DynamicEmbeddingOptimizer(adam) is adam
+    var = seeded("in_place")
+    train(var, adam, steps=1, compiled=False)
+    assert sorted(var.companions()) == ["adam_m", "adam_v"]
+
+
 def test_slot_columns_are_named_by_optimizer_and_slot() -> None:
     columns = {}
     for kind in ("adam_amsgrad", "rmsprop_centered", "ftrl", "sgd_momentum"):

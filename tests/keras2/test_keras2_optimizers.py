@@ -210,3 +210,17 @@ def test_model_fit_trains_the_table_and_the_dense_layers_as_a_dense_model(family
     for got, expected in zip(model.layers[-1].weights, reference.layers[-1].weights, strict=True):
         np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=2e-5, atol=1e-6)
     assert int(model.optimizer.iterations) == 4  # 2 epochs of 2 batches
+
+
+@pytest.mark.parametrize("family", ["current", "legacy"])
+def test_the_optimizer_is_extended_in_place_as_tfra_does(family: str) -> None:
+    """TFRA programs may go on with the object they passed in: it trains the tables."""
+    adam = make(family, "adam")
+    assert ds.DynamicEmbeddingOptimizer(adam) is adam
+    var = seeded(f"in_place_{family}")
+    with tf.GradientTape() as tape:
+        rows, wrapper = ds.embedding_lookup(var, BATCHES[0], return_trainable=True)
+        loss = loss_of(rows)
+    adam.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+    assert sorted(var.companions()) == ["adam_m", "adam_v"]
+    assert not np.array_equal(var.lookup([3, 7]).numpy(), START[:2])
