@@ -4,7 +4,10 @@ A bundle ``{prefix}`` is a data file ``{prefix}.data-00000-of-00001`` holding th
 bytes of its tensors one after another, and an index ``{prefix}.index``: a table (the
 LevelDB SSTable layout, uncompressed) from tensor name to a ``BundleEntryProto`` giving
 the tensor's offset, size and masked crc32c in the data file. :func:`read_index` returns
-those entries, each block of the index checked against its own crc32c.
+those entries, each block of the index checked against its own crc32c;
+:func:`index_bytes` writes such an index for data that is already on disk (a restore
+has a parameter server read a binary shard file as a bundle's data file, and TensorFlow's
+reader check each tensor's bytes against the crc32c the index records).
 
 TensorFlow's ``BundleWriter`` writes each file under a temporary name first
 (``{file}.tempstate{digits}``) and renames it once complete; a task that dies while
@@ -31,6 +34,18 @@ _MASK_DELTA = 0xA282EAD8
 class BundleEntry:
     """One tensor of a bundle: its byte range in the data file and that range's crc32c."""
 
+    offset: int
+    size: int
+    crc32c: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    """A tensor for :func:`index_bytes` to record: its dtype (a TensorFlow ``DataType``
+    enum value), shape and byte range in the data file, with that range's crc32c."""
+
+    dtype: int
+    shape: tuple[int, ...]
     offset: int
     size: int
     crc32c: int
@@ -64,6 +79,65 @@ def unmask(masked: int) -> int:
     """The crc32c a table or bundle stores masked (rotated right 15 bits, plus a delta)."""
     rotated = (masked - _MASK_DELTA) & 0xFFFFFFFF
     return ((rotated >> 17) | (rotated << 15)) & 0xFFFFFFFF
+
+
+def mask(crc: int) -> int:
+    """The masked form of ``crc`` that tables and bundles store (see :func:`unmask`)."""
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def index_bytes(entries: dict[str, TensorEntry]) -> bytes:
+    """The index of a single-shard, little-endian bundle holding ``entries`` by name:
+    what ``BundleWriter`` would write for them, for a data file already written.
+
+    One data block holds the header and the entries in name order, each a restart point
+    (no key prefix shared), then an empty metaindex block, the index block and the footer.
+    """
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    header = tensor_bundle_pb2.BundleHeaderProto(num_shards=1)
+    header.version.producer = 1
+    records = [(b"", header.SerializeToString())]
+    for name in sorted(entries, key=str.encode):
+        e = entries[name]
+        proto = tensor_bundle_pb2.BundleEntryProto(
+            dtype=e.dtype, offset=e.offset, size=e.size, crc32c=mask(e.crc32c)
+        )
+        for dim in e.shape:
+            proto.shape.dim.add(size=dim)
+        records.append((name.encode(), proto.SerializeToString()))
+    data = _block_bytes(records)
+    metaindex = _block_bytes([])
+    index = _block_bytes([(records[-1][0], _handle(0, len(data) - 5))])
+    footer = _handle(len(data), len(metaindex) - 5)
+    footer += _handle(len(data) + len(metaindex), len(index) - 5)
+    footer = footer.ljust(_FOOTER_BYTES - 8, b"\0") + struct.pack("<Q", _TABLE_MAGIC)
+    return data + metaindex + index + footer
+
+
+def _block_bytes(records: list[tuple[bytes, bytes]]) -> bytes:
+    """A table block of ``records`` (each its own restart point) with its trailer."""
+    body, restarts = bytearray(), []
+    for key, value in records:
+        restarts.append(len(body))
+        body += _to_varint(0) + _to_varint(len(key)) + _to_varint(len(value)) + key + value
+    restarts = restarts or [0]
+    body += struct.pack(f"<{len(restarts)}I", *restarts) + struct.pack("<I", len(restarts))
+    body += b"\0"  # type: no compression
+    return bytes(body) + struct.pack("<I", mask(google_crc32c.value(bytes(body))))
+
+
+def _handle(offset: int, size: int) -> bytes:
+    return _to_varint(offset) + _to_varint(size)
+
+
+def _to_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def read_index(data: bytes, where: str) -> dict[str, BundleEntry]:

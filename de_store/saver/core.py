@@ -8,7 +8,8 @@ Restore (any rank): committed manifest -> its chain (full + deltas) -> parts tha
                     -> only then replace the tables' content and apply the deltas in order
                     (an empty variable that one process restores loads its full link's
                     rows as they are read, its deltas read first, and is emptied again on
-                    any failure: :mod:`de_store.saver.streamed`).
+                    any failure: :mod:`de_store.saver.streamed`; a variable on parameter
+                    servers has them read its rows: :mod:`de_store.saver.device_restore`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from de_store.backends import Backend
@@ -35,7 +35,7 @@ from de_store.errors import (
 )
 from de_store.formats import FORMATS
 from de_store.progress import Progress, progress_for
-from de_store.saver import events, incremental, shards
+from de_store.saver import device_restore, events, incremental, shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier, job_poll_max_s
 from de_store.saver.chain import chain_links, parent_reference
 from de_store.saver.checks import Problem, check_link, has_repeated_key, repeated_key
@@ -59,6 +59,7 @@ from de_store.saver.manifest import (
 )
 from de_store.saver.retry import RetryPolicy, is_transient
 from de_store.saver.rows import (
+    RestoredVariable,
     SavedVariable,
     ShardRows,
     VariableRows,
@@ -136,14 +137,6 @@ class SaverSettings(Protocol):
     options: IOOptions
     barrier: Barrier | None
     job_id: str | None
-
-
-class RestoredVariable(SavedVariable, Protocol):
-    """What a restore needs of a variable besides what a save reads (a ``Variable``)."""
-
-    def exclusive(self) -> AbstractContextManager[Any]: ...
-
-    def size(self) -> Any: ...
 
 
 def job_token(topology: Topology, job_id: str | None = None) -> str:
@@ -556,13 +549,17 @@ def restore_checkpoint(
             check_link(backend, link, link_manifest.proc_size, entry, where)
             check_compatible(variable, entry, url)
     total = sum(entry.rows + entry.removed_rows for chain in chains for *_, entry in chain)
+    # None: read by this process; else read by the tasks of its tables (parameter servers)
+    plans = [device_restore.plan_for(v, c, backend, topology.proc_size)
+             for v, c in zip(variables, chains, strict=True)]  # fmt: skip
     # Empty variables grow for their rows while the shards are read (rows.grow_for_restore)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="de_store-grow") as pool:
         parts = [_parts_to_read(chain, topology) for chain in chains]
         counts = [sum(rows for *_, rows in p) for p in parts]
         shares = [restore_shares(v, p) for v, p in zip(variables, parts, strict=True)]
         # before the growing starts: it makes the tables of an empty variable hold room
-        stream = [streams(v, c, topology.proc_size) for v, c in zip(variables, chains, strict=True)]
+        stream = [p is None and streams(v, c, topology.proc_size)
+                  for v, c, p in zip(variables, chains, plans, strict=True)]  # fmt: skip
         growing = [
             pool.submit(grow_for_restore, v, n, s)
             for v, n, s in zip(variables, counts, shares, strict=True)
@@ -570,11 +567,13 @@ def restore_checkpoint(
         streamed: list[RestoredVariable] = []
         try:
             with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
+                held = [p if p is None else device_restore.read_on_devices(p, bar) for p in plans]
                 # a streamed chain's deltas are read (and checked) before its full link
                 loaded = [
-                    _read_chain(backend, chain[1:] if s else chain, topology, options, bar)
-                    for chain, s in zip(chains, stream, strict=True)
-                ]
+                    _read_chain(backend, c[1:] if s else c, topology, options, bar)
+                    if p is None else []  # read on the tasks above
+                    for c, s, p in zip(chains, stream, plans, strict=True)
+                ]  # fmt: skip
                 for i, variable in enumerate(variables):
                     if not stream[i]:
                         continue
@@ -591,9 +590,11 @@ def restore_checkpoint(
             for grown in growing:
                 grown.result()
             # what a load would find, found before any variable that holds rows is emptied
-            for variable, chain_urls, links, s in zip(variables, urls, loaded, stream,
-                                                      strict=True):  # fmt: skip
-                if not s:
+            for variable, chain_urls, links, s, h in zip(variables, urls, loaded, stream, held,
+                                                         strict=True):  # fmt: skip
+                if h is not None:
+                    device_restore.check_repeats(variable, h, chain_urls[0])
+                elif not s:
                     _check_chain_rows(variable, chain_urls, links)
             for variable, chain, links, s in zip(variables, chains, loaded, stream, strict=True):
                 if s:  # its deltas, on the full link loaded while it was read
@@ -603,15 +604,18 @@ def restore_checkpoint(
             for variable in streamed:  # they held nothing: all or nothing
                 variable.clear()
             raise
-    for variable, chain, folders, links, share, s in zip(
-        variables, chains, urls, loaded, shares, stream, strict=True
+    for variable, chain, folders, links, share, s, h in zip(
+        variables, chains, urls, loaded, shares, stream, held, strict=True
     ):
         entries = [entry for *_, entry in chain]
-        if not s:
+        if h is not None:
+            device_restore.load_on_devices(variable, h, folders[0])
+        elif not s:
             _apply_chain(variable, entries, links, folders, share)
         incremental.record_restore(variable, where, manifest, entries)
     rows = sum(r.rows for links in loaded for link_rows, _ in links for _, r in link_rows)
     rows += sum(n for n, s in zip(counts, stream, strict=True) if s)
+    rows += sum(h.rows for h in held if h is not None)
     size = sum(entry.bytes for chain in chains for *_, entry in chain)
     events.restored(where, topology, rows, max(map(len, chains), default=0), size, start)
     return manifest

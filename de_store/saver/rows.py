@@ -14,7 +14,7 @@ import contextvars
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "VALUE_COLUMN",
+    "RestoredVariable",
     "SavedVariable",
     "ShardRows",
     "VariableRows",
@@ -50,8 +51,10 @@ __all__ = [
     "apply_rows",
     "check_compatible",
     "column_specs",
+    "column_targets",
     "export_delta",
     "export_rows",
+    "io_device",
     "io_device_scope",
     "to_host",
     "to_tensor",
@@ -90,6 +93,12 @@ class SavedVariable(Protocol):
     ) -> None: ...
 
 
+class RestoredVariable(SavedVariable, Protocol):
+    """What a restore needs of a variable besides what a save reads (a ``Variable``)."""
+
+    def exclusive(self) -> contextlib.AbstractContextManager[Any]: ...
+
+
 #: Rows per upsert on restore: large enough to amortise the per-call cost, small enough
 #: for the table's insert to stay fast (it slows down on much larger batches).
 UPSERT_ROWS = 1 << 18
@@ -120,6 +129,11 @@ def io_device_scope(device: str | None) -> Iterator[None]:
         yield
     finally:
         _IO_DEVICE.reset(token)
+
+
+def io_device() -> str | None:
+    """The IO device set by :func:`io_device_scope` in this thread (None: none is)."""
+    return _IO_DEVICE.get()
 
 
 def to_host(tensor: tf.Tensor) -> np.ndarray:
@@ -359,7 +373,7 @@ def apply_rows(
     The rows are bulk-loaded (``load_distinct``): a key given twice raises
     :class:`~de_store.errors.RepeatedKeysError` (on cores that detect it).
     """
-    targets = _targets(variable, specs)
+    targets = column_targets(variable, specs)
     if rows is None:
         if isinstance(batches, ByShard):
             raise TypeError("apply_rows: ByShard batches need their row count (rows=)")
@@ -458,10 +472,12 @@ def apply_delta(
     (with their companion rows), then upsert ``batches``."""
     for batch in coalesce(removed, UPSERT_ROWS):
         variable.remove(to_tensor(batch.keys))
-    upsert_rows(_targets(variable, specs), batches)
+    upsert_rows(column_targets(variable, specs), batches)
 
 
-def _targets(variable: SavedVariable, specs: dict[str, ColumnSpec]) -> dict[str, SavedVariable]:
+def column_targets(
+    variable: SavedVariable, specs: dict[str, ColumnSpec]
+) -> dict[str, SavedVariable]:
     """The table of each column: the variable for ``value``, else its companion."""
     targets = {VALUE_COLUMN: variable}
     for column, spec in specs.items():
