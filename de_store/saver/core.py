@@ -9,7 +9,7 @@ Restore (any rank): committed manifest -> its chain (full + deltas) -> parts tha
                     (an empty variable that one process restores loads its full link's
                     rows as they are read, its deltas read first, and is emptied again on
                     any failure: :mod:`de_store.saver.streamed`; a variable on parameter
-                    servers has them read its rows: :mod:`de_store.saver.device_restore`).
+                    servers has them read and load its rows: :mod:`de_store.saver.device_restore`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from de_store.errors import (
 )
 from de_store.formats import FORMATS
 from de_store.progress import Progress, progress_for
-from de_store.saver import device_restore, events, incremental, shards
+from de_store.saver import device_load, device_restore, events, incremental, shards
 from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier, job_poll_max_s
 from de_store.saver.chain import chain_links, parent_reference
 from de_store.saver.checks import Problem, check_link, has_repeated_key, repeated_key
@@ -593,7 +593,7 @@ def restore_checkpoint(
             for variable, chain_urls, links, s, h in zip(variables, urls, loaded, stream, held,
                                                          strict=True):  # fmt: skip
                 if h is not None:
-                    device_restore.check_repeats(variable, h, chain_urls[0])
+                    device_load.check_repeats(variable, h, chain_urls[0])
                 elif not s:
                     _check_chain_rows(variable, chain_urls, links)
             for variable, chain, links, s in zip(variables, chains, loaded, stream, strict=True):
@@ -609,7 +609,7 @@ def restore_checkpoint(
     ):
         entries = [entry for *_, entry in chain]
         if h is not None:
-            device_restore.load_on_devices(variable, h, folders[0])
+            device_load.load_on_devices(variable, h, folders[0])
         elif not s:
             _apply_chain(variable, entries, links, folders, share)
         incremental.record_restore(variable, where, manifest, entries)

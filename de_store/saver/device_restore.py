@@ -22,11 +22,8 @@ of bundle indexes and receives counts. The steps, each one call away:
   bytes against that crc32c. The task then checks that every key lies in its part's
   bucket (:class:`~de_store.saver.checks.PartBuckets`' check), and each table shard's
   rows are concatenated on its task. The temporary folder is removed.
-- :func:`check_repeats`: no key held twice, where the variable holds rows (each task
-  looks at its own keys: a key's table shard follows from the key, so any repeat meets
-  on one task). Only counts come back, and the repeated key when there is one.
-- :func:`load_on_devices`: only then is the variable emptied, and each task bulk-loads
-  its rows. An empty variable finds a repeated key while it loads, and is emptied again.
+- :mod:`~de_store.saver.device_load` checks that no key is held twice and loads the
+  rows, each task its own.
 
 This needs storage that is a local path every task sees at the same path, as the save
 written on the devices does (:mod:`~de_store.saver.device_shards`), and a checkpoint
@@ -57,7 +54,6 @@ from de_store.errors import (
     CheckpointError,
     ChecksumError,
     FormatError,
-    RepeatedKeysError,
 )
 from de_store.formats._stream import check_crc_value, crc32c_combine
 from de_store.formats.base import ShardInfo, location
@@ -65,19 +61,13 @@ from de_store.formats.binary import column_layout
 from de_store.progress import Progress
 from de_store.saver._lazy_tf import tf
 from de_store.saver._tf_bundle import TensorEntry, data_path, index_bytes, index_path
-from de_store.saver.checks import Problem
-from de_store.saver.manifest import VariableEntry
+from de_store.saver.manifest import ShardRecord, VariableEntry
 from de_store.saver.rows import (
-    RestoredVariable,
     SavedVariable,
-    column_targets,
-    holds_keys,
     io_device,
-    load_rows,
-    reserve_shards,
     routes_by_hash,
 )
-from de_store.saver.variable_rows import VALUE_COLUMN, even_sizes
+from de_store.saver.variable_rows import VALUE_COLUMN
 
 if TYPE_CHECKING:
     from de_store.backends.base import Backend
@@ -266,7 +256,7 @@ def read_on_devices(plan: DevicePlan, bar: Progress | None = None) -> DeviceRows
     try:
         prefixes = _write_indexes(plan, where)
         groups = plan.groups()
-        found = _each(lambda key: _read_group(plan, *key, groups[key], prefixes), list(groups))
+        found = each(lambda key: _read_group(plan, *key, groups[key], prefixes), list(groups))
     finally:
         shutil.rmtree(where, ignore_errors=True)
     pieces: list[list[Piece]] = [[] for _ in plan.devices]
@@ -274,7 +264,7 @@ def read_on_devices(plan: DevicePlan, bar: Progress | None = None) -> DeviceRows
         for target, piece in group:
             pieces[target].append(piece)
     moved = sum(p.rows for t, ps in enumerate(pieces) for p in ps if p.reader != t)
-    shards = _each(lambda t: _gather(plan, t, pieces[t]), list(range(len(plan.devices))))
+    shards = each(lambda t: _gather(plan, t, pieces[t]), list(range(len(plan.devices))))
     rows = DeviceRows(plan, shards)
     if bar is not None:
         bar.update(rows.rows)
@@ -413,27 +403,46 @@ def _read_error(
 
 
 def _check_buckets(plan: DevicePlan, index: int, runs: list[Run], keys: list[Any]) -> None:
-    """Every key of ``runs`` (read as ``keys``) must hash to its part's bucket; counts of
-    the keys that do not come back, one per part."""
+    """Every key of ``runs`` of shard file ``index`` (read as ``keys``, on the device in
+    scope) must hash to its part's bucket: a count of the keys that do not comes back per
+    run; the part that holds them is looked for only when there are some."""
     record, info = plan.entry.shards[index], plan.infos[index]
     if record.num_buckets == 1:
         return
-    counts = []
+    wrong = []
     for run, run_keys in zip(runs, keys, strict=True):
-        rows = [part.rows for part in info.parts[run.first : run.last]]
-        buckets = tf.constant(record.part_buckets[run.first : run.last], tf.int64)
-        found = tf.math.floormod(tf.cast(run_keys, tf.int64), record.num_buckets)
-        wrong = tf.cast(tf.not_equal(found, tf.repeat(buckets, rows)), tf.int64)
-        part_of_row = tf.repeat(tf.range(len(rows), dtype=tf.int64), rows)
-        counts.append(tf.math.unsorted_segment_sum(wrong, part_of_row, len(rows)))
-    parts = [i for run in runs for i in range(run.first, run.last)]
-    for part, wrong in zip(parts, np.asarray(tf.concat(counts, 0)).tolist(), strict=True):
-        if wrong:
+        buckets = record.part_buckets[run.first : run.last]
+        expected: Any = buckets[0]
+        if len(set(buckets)) > 1:
+            rows = [part.rows for part in info.parts[run.first : run.last]]
+            expected = tf.repeat(tf.constant(buckets, tf.int64), rows)
+        wrong.append(_outside(run_keys, record.num_buckets, expected))
+    for run, run_keys, count in zip(runs, keys, np.asarray(tf.stack(wrong)).tolist(),
+                                    strict=True):  # fmt: skip
+        if count:
+            _refuse_buckets(record, info, run, run_keys)
+
+
+def _outside(keys: Any, num_buckets: int, buckets: Any) -> Any:
+    """How many of ``keys`` do not hash to ``buckets`` (one, or one a key) of ``num_buckets``."""
+    found = tf.math.floormod(tf.cast(keys, tf.int64), num_buckets)
+    return tf.math.count_nonzero(tf.not_equal(found, buckets))
+
+
+def _refuse_buckets(record: ShardRecord, info: ShardInfo, run: Run, keys: Any) -> None:
+    """Raise :class:`CheckpointCorruptError` for the first part of ``run`` (read as
+    ``keys``) holding keys of another bucket than its record says."""
+    start = 0
+    for part in range(run.first, run.last):
+        rows, bucket = info.parts[part].rows, record.part_buckets[part]
+        count = int(_outside(keys[start : start + rows], record.num_buckets, bucket))
+        if count:
             raise CheckpointCorruptError(
-                f"{record.path}: part {part} is recorded as key bucket "
-                f"{record.part_buckets[part]} of {record.num_buckets}, but holds {wrong} "
-                "key(s) of other buckets; the manifest's part_buckets do not match the keys"
+                f"{record.path}: part {part} is recorded as key bucket {bucket} of "
+                f"{record.num_buckets}, but holds {count} key(s) of other buckets; the "
+                "manifest's part_buckets do not match the keys"
             )
+        start += rows
 
 
 def _route(piece: Piece, count: int) -> list[tuple[int, Piece]]:
@@ -468,109 +477,7 @@ def _concat(tensors: list[Any]) -> Any:
     return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
 
 
-# --- check and load -----------------------------------------------------------------------
-def check_repeats(variable: SavedVariable, rows: DeviceRows, url: str) -> None:
-    """Refuse ``rows`` (of the checkpoint ``url``) when they hold a key twice, before a
-    variable that holds rows is emptied for them (an empty one finds a repeat as it loads
-    them: :func:`load_on_devices`)."""
-    if not holds_keys(variable):
-        return
-    shards = list(range(len(rows.shards)))
-    if any(_each(lambda t: _has_repeat(rows, t), shards)):
-        _refuse_repeated(variable, rows, url)
-
-
-def _has_repeat(rows: DeviceRows, shard: int) -> bool:
-    held = rows.shards[shard]
-    if held.rows < 2:
-        return False
-    with tf.device(rows.plan.devices[shard]):
-        return int(tf.size(tf.unique(held.keys).y)) != held.rows
-
-
-def _refuse_repeated(
-    variable: SavedVariable, rows: DeviceRows, url: str, emptied: str = ""
-) -> None:
-    """Raise :class:`CheckpointCorruptError` naming a repeated key and its files."""
-    found = _each(lambda t: _repeated_in(rows, t), list(range(len(rows.shards))))
-    problems = [problem for problem in found if problem is not None]
-    extra = sum(count for _, count in problems)
-    detail = "a key is repeated"
-    if problems:
-        first = problems[0][0]
-        detail = f"{first.path}: {first.message}; {extra} extra copies of keys in all: a " \
-                 "checkpoint holds each key once"  # fmt: skip
-    raise CheckpointCorruptError(
-        f"variable {variable.name!r}: checkpoint {url} is damaged: {detail}{emptied}"
-    )
-
-
-def _repeated_in(rows: DeviceRows, shard: int) -> tuple[Problem, int] | None:
-    """A key table shard ``shard`` holds twice, with the files holding it, and how many
-    extra copies of keys it holds; None when none."""
-    held = rows.shards[shard]
-    if held.rows < 2:
-        return None
-    with tf.device(rows.plan.devices[shard]):
-        unique, _, counts = tf.unique_with_counts(held.keys)
-        extra = held.rows - int(tf.size(unique))
-        if not extra:
-            return None
-        key = unique[tf.argmax(counts)]
-        at = np.asarray(tf.where(tf.equal(held.keys, key))[:, 0])
-    ends = np.cumsum([n for _, n in held.sources])
-    holders = sorted({held.sources[i][0] for i in np.searchsorted(ends, at, side="right")})
-    message = f"key {int(key)!r} is held {len(at)} times (in {', '.join(holders)})"
-    return Problem(holders[0], message), extra
-
-
-def load_on_devices(variable: RestoredVariable, rows: DeviceRows, url: str) -> None:
-    """Replace ``variable``'s content (and its companions') with ``rows`` (of the
-    checkpoint ``url``): each task bulk-loads its table shard's rows, side by side.
-
-    A key the tables find repeated (an empty variable's rows were not checked for one)
-    empties the variable, and the error names the key and its files.
-    """
-    targets = column_targets(variable, rows.plan.entry.columns)
-    most = load_rows(variable)
-    with variable.exclusive():
-        if holds_keys(variable):
-            variable.clear()
-        shares = [held.rows for held in rows.shards]
-        for target in targets.values():
-            reserve_shards(target, shares)
-        try:
-            _each(lambda t: _load_shard(targets, t, rows.shards[t], most), list(range(len(shares))))
-            repeated = int(variable.size()) != rows.rows
-        except RepeatedKeysError:
-            repeated = True
-        if repeated:
-            variable.clear()
-            _refuse_repeated(variable, rows, url, " (the variable was emptied)")
-
-
-def _load_shard(targets: dict[str, SavedVariable], shard: int, held: HeldShard, most: int) -> None:
-    """Bulk-load ``held`` into table shard ``shard`` of every column's table, on its task,
-    in even batches of at most ``most`` rows (as a restore through this process loads)."""
-    if not held.rows:
-        return
-    start = 0
-    with tf.device(targets[VALUE_COLUMN].devices[shard]):  # every column's, as companions
-        for size in even_sizes(held.rows, most):
-            keys = _rows_of(held.keys, start, size, held.rows)
-            for column, target in targets.items():
-                values = _rows_of(held.columns[column], start, size, held.rows)
-                target.shards[shard].load_distinct(keys, values)
-            start += size
-
-
-def _rows_of(tensor: Any, start: int, size: int, rows: int) -> Any:
-    """Rows ``start`` to ``start + size - 1`` of ``tensor`` (of ``rows`` rows), sliced on
-    the device in scope."""
-    return tensor if size == rows else tensor[start : start + size]
-
-
-def _each(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+def each(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``fn`` of each of ``items``, side by side (a thread each: each runs ops on its own
     task, and TensorFlow waits for them outside the GIL); the first error is raised."""
     if len(items) <= 1:
