@@ -62,11 +62,7 @@ from de_store.progress import Progress
 from de_store.saver._lazy_tf import tf
 from de_store.saver._tf_bundle import TensorEntry, data_path, index_bytes, index_path
 from de_store.saver.manifest import ShardRecord, VariableEntry
-from de_store.saver.rows import (
-    SavedVariable,
-    io_device,
-    routes_by_hash,
-)
+from de_store.saver.rows import SavedVariable, io_device, routes_by_hash
 from de_store.saver.variable_rows import VALUE_COLUMN
 
 if TYPE_CHECKING:
@@ -198,7 +194,7 @@ def _through_this_process(
     if proc_size > 1:
         return f"{proc_size} processes restore it, each its share of the keys"
     if len(chain) > 1 or entry.removed:
-        return f"{where} is incremental (a chain of {len(chain)}): deltas apply here"
+        return f"{where} is incremental (a chain of {len(chain)} checkpoints)"
     if entry.key_dtype == "string":
         return "binary shards hold no string keys"
     for record in entry.shards:
@@ -254,7 +250,11 @@ def read_on_devices(plan: DevicePlan, bar: Progress | None = None) -> DeviceRows
     _check_file_crcs(plan)
     where = tempfile.mkdtemp(prefix=INDEX_FOLDER_PREFIX, dir=plan.folder.local_path(""))
     try:
-        prefixes = _write_indexes(plan, where)
+        try:
+            prefixes = _write_indexes(plan, where)
+        except OSError as err:  # say a filesystem without symlinks
+            raise CheckpointError(f"cannot write the bundle indexes the tasks read the shard "
+                                  f"files through in {where}: {err}") from err  # fmt: skip
         groups = plan.groups()
         found = each(lambda key: _read_group(plan, *key, groups[key], prefixes), list(groups))
     finally:
