@@ -29,9 +29,10 @@ import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
 from de_store._keras import keras
-from de_store._row_rules import RowGradients
+from de_store._row_rules import LEGACY_RULES, RowGradients, apply_rule_to_rows
 from de_store._slots import aggregate, load_slot, row_slot_variable, slot_column, write_back_rows
-from de_store.embedding import TrainableWrapper, wrapper_of
+from de_store.embedding import BatchRows, RowsState, TrainableWrapper, wrapper_of
+from de_store.errors import VariableError
 
 #: tf_keras slot names whose Keras 3 optimizer calls the same state otherwise.
 _KERAS3_SLOT_NAMES = {
@@ -135,7 +136,9 @@ class Keras2Sparse(RowGradients):
             inners[id(wrapper)] = inner
         return inner
 
-    def _apply_sparse(self, grad: Any, wrapper: TrainableWrapper) -> None:
+    def _apply_sparse(self, grad: Any, wrapper: Any) -> None:
+        if isinstance(wrapper, BatchRows):  # tables on parameter servers: tensors of the step
+            grad, wrapper = wrapper.state.bind(grad), wrapper.state
         inner = self._rows_optimizer(wrapper)
         name = self._keras_class().__name__
         slots = [
@@ -144,7 +147,12 @@ class Keras2Sparse(RowGradients):
         ]
         old = tf.convert_to_tensor(wrapper)
         grad = tf.cast(aggregate(grad, tf.shape(wrapper.ids)[0]), old.dtype)
-        inner._apply_weight_decay([wrapper])
+        if isinstance(wrapper, RowsState):  # outside any distribution strategy's update
+            if inner.weight_decay is not None and inner._use_weight_decay(wrapper):
+                lr = tf.cast(inner.learning_rate, wrapper.dtype)
+                wrapper.assign_sub(wrapper * tf.cast(inner.weight_decay, wrapper.dtype) * lr)
+        else:
+            inner._apply_weight_decay([wrapper])
         inner.update_step(grad, wrapper)
         write_back_rows(wrapper, old, slots)
 
@@ -196,6 +204,10 @@ class LegacySparse:
         pairs, loaded = [], []
         for grad, var in grads_and_vars:
             wrapper = wrapper_of(var)
+            if isinstance(wrapper, BatchRows):  # rows of a step on parameter servers
+                if grad is not None:
+                    self._apply_rule(grad, wrapper)
+                continue
             if wrapper is not None and grad is not None:
                 with tf.init_scope():
                     self._create_all_weights([wrapper])  # type: ignore[attr-defined]
@@ -203,12 +215,36 @@ class LegacySparse:
                 loaded.append((wrapper, old, self._load_slots(wrapper)))
                 grad = aggregate(grad, tf.shape(old)[0])
             pairs.append((grad, var))
+        if not pairs:
+            return self.iterations.assign_add(1)  # type: ignore[attr-defined]
         op = super().apply_gradients(  # type: ignore[misc]
             pairs, name, experimental_aggregate_gradients
         )
         for wrapper, old, slots in loaded:
             write_back_rows(wrapper, old, slots)
         return op
+
+    def _apply_rule(self, grad: Any, rows: BatchRows) -> None:
+        """Update batch rows of a step on parameter servers by this optimizer's rule as a
+        function of tensors: its fused kernels need variables, which such a step has none
+        of (SGD, Adagrad and Adam have the rule)."""
+        name = type(self).__name__
+        rule = LEGACY_RULES.get(name)
+        if rule is None:
+            raise VariableError(
+                f"variable '{rows.params.name}': its tables live on parameter servers, whose "
+                f"steps hold no variable for the batch rows; tf.keras.optimizers.legacy.{name} "
+                "updates only variables there. Use legacy SGD, Adagrad or Adam (without "
+                "amsgrad), or any optimizer of tf.keras.optimizers"
+            )
+        try:
+            rule.slots(self)
+        except VariableError as err:
+            raise VariableError(f"variable '{rows.params.name}': {err}") from None
+        state = rows.state
+        grad = state.bind(grad)
+        step, lr = self.iterations, self._decayed_lr(state.dtype)  # type: ignore[attr-defined]
+        apply_rule_to_rows(self, rule, lambda s: keras2_slot_column(name, s), grad, state, lr, step)
 
     def _load_slots(self, wrapper: TrainableWrapper) -> list[Any]:
         """Read the batch's rows of every slot of ``wrapper`` from its companion table."""

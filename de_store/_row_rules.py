@@ -93,6 +93,93 @@ RULES = {
 }
 
 
+# tf_keras's legacy optimizers (OptimizerV2): their hyperparameters are read with
+# ``_get_hyper``, and their fused kernels (ResourceApplyKerasMomentum, ResourceApplyAdagradV2,
+# ResourceApplyAdam) compute the updates below.
+def _legacy_sgd_slots(opt: Any) -> list[tuple[str, float]]:
+    return [("momentum", 0.0)] if opt._momentum else []
+
+
+def _legacy_sgd(
+    opt: Any, rows: tf.Tensor, grad: tf.Tensor, slots: list[tf.Tensor], lr: tf.Tensor, step: Any
+) -> Any:
+    if not opt._momentum:
+        return rows - lr * grad, []
+    momentum = tf.cast(opt._get_hyper("momentum"), rows.dtype)
+    m = slots[0] * momentum - lr * grad
+    if opt.nesterov:
+        return rows + m * momentum - lr * grad, [m]
+    return rows + m, [m]
+
+
+def _legacy_adagrad_slots(opt: Any) -> list[tuple[str, float]]:
+    return [("accumulator", float(opt._initial_accumulator_value))]
+
+
+def _legacy_adagrad(
+    opt: Any, rows: tf.Tensor, grad: tf.Tensor, slots: list[tf.Tensor], lr: tf.Tensor, step: Any
+) -> Any:
+    accumulator = slots[0] + tf.square(grad)
+    epsilon = tf.cast(opt.epsilon, rows.dtype)
+    return rows - lr * grad / (tf.sqrt(accumulator) + epsilon), [accumulator]
+
+
+def _legacy_adam_slots(opt: Any) -> list[tuple[str, float]]:
+    if opt.amsgrad:
+        raise VariableError("legacy Adam with amsgrad=True has no update of batch rows")
+    return [("m", 0.0), ("v", 0.0)]
+
+
+def _legacy_adam(
+    opt: Any, rows: tf.Tensor, grad: tf.Tensor, slots: list[tf.Tensor], lr: tf.Tensor, step: Any
+) -> Any:
+    local_step = tf.cast(step + 1, rows.dtype)
+    beta_1 = tf.cast(opt._get_hyper("beta_1"), rows.dtype)
+    beta_2 = tf.cast(opt._get_hyper("beta_2"), rows.dtype)
+    alpha = lr * tf.sqrt(1 - tf.pow(beta_2, local_step)) / (1 - tf.pow(beta_1, local_step))
+    m = slots[0] + (grad - slots[0]) * (1 - beta_1)
+    v = slots[1] + (tf.square(grad) - slots[1]) * (1 - beta_2)
+    epsilon = tf.cast(opt.epsilon, rows.dtype)
+    return rows - alpha * m / (tf.sqrt(v) + epsilon), [m, v]
+
+
+LEGACY_RULES = {
+    "SGD": RowRule(_legacy_sgd_slots, _legacy_sgd),
+    "Adagrad": RowRule(_legacy_adagrad_slots, _legacy_adagrad),
+    "Adam": RowRule(_legacy_adam_slots, _legacy_adam),
+}
+
+
+def apply_rule_to_rows(
+    optimizer: Any,
+    rule: RowRule,
+    columns: Callable[[str], str],
+    grad: Any,
+    rows: Any,
+    lr: Any,
+    step: Any,
+) -> None:
+    """Update the rows ``rows`` holds (a :class:`de_store.embedding.RowsState`, with the
+    gradient ``grad`` of each of its ids) and their slots by ``rule``, and write both back
+    to the tables; ``columns(slot)`` names a slot's companion column."""
+    variable, ids = rows.params, rows.ids
+    old = rows.read_value()
+    grad = tf.cast(grad, old.dtype)
+    companions = [
+        variable.companion(columns(slot), variable.dim, variable.value_dtype, init)
+        for slot, init in rule.slots(optimizer)
+    ]
+    slots = [companion.lookup(ids, return_exists=True) for companion in companions]
+    new_rows, new_slots = rule.update(
+        optimizer, old, grad, [s for s, _ in slots], tf.cast(lr, old.dtype), step
+    )
+    variable.write_back(ids, old, new_rows, rows.existed)
+    for companion, (slot_old, existed), new in zip(companions, slots, new_slots, strict=True):
+        companion.write_back(ids, slot_old, new, existed)
+    if variable.restrict_policy is not None:
+        variable.restrict_policy.apply_update(ids)
+
+
 class RowGradients:
     """``apply_row_gradients`` for a de_store optimizer of SGD, Adagrad or Adam (either
     Keras); the optimizer's class names its rule (:meth:`_keras_class`)."""

@@ -33,10 +33,93 @@ def slot_column(optimizer: str, slot: str) -> str:
     return _COLUMNS.get(key, f"{key[0]}_{slot}")
 
 
-def row_slot_variable(wrapper: Any, slot: str) -> tf.Variable:
+class TensorSlot:
+    """A ``[None, dim]`` variable as an optimizer's update step uses it, held as a tensor.
+
+    ``assign``, ``assign_add`` and ``assign_sub`` replace the tensor and ``read_value``
+    returns it; arithmetic and ``tf.convert_to_tensor`` use it. A Keras optimizer's
+    ``update_step`` run on these computes new rows and slots as tensors of the step, with
+    no variable: the update of a step on a parameter-server worker (see
+    :class:`de_store.embedding.BatchRows`), whose slot rows go back to their tables.
+    """
+
+    trainable = False
+
+    def __init__(self, name: str, dtype: tf.DType, dim: int) -> None:
+        self.name = self._unique_id = name
+        self.path = name
+        self.dtype = tf.as_dtype(dtype)
+        self.shape = tf.TensorShape([None, dim])
+        self.device = ""
+        self._tensor = tf.zeros([0, dim], self.dtype)
+
+    def read_value(self) -> tf.Tensor:
+        return self._tensor
+
+    value = read_value
+
+    def assign(
+        self, value: Any, use_locking: Any = None, name: Any = None, read_value: Any = True
+    ) -> Any:
+        self._tensor = tf.cast(tf.convert_to_tensor(value), self.dtype)
+        return self
+
+    def assign_add(
+        self, delta: Any, use_locking: Any = None, name: Any = None, read_value: Any = True
+    ) -> Any:
+        return self.assign(self._tensor + delta)
+
+    def assign_sub(
+        self, delta: Any, use_locking: Any = None, name: Any = None, read_value: Any = True
+    ) -> Any:
+        return self.assign(self._tensor - delta)
+
+    def __add__(self, other: Any) -> Any:
+        return self._tensor + other
+
+    def __radd__(self, other: Any) -> Any:
+        return other + self._tensor
+
+    def __sub__(self, other: Any) -> Any:
+        return self._tensor - other
+
+    def __rsub__(self, other: Any) -> Any:
+        return other - self._tensor
+
+    def __mul__(self, other: Any) -> Any:
+        return self._tensor * other
+
+    def __rmul__(self, other: Any) -> Any:
+        return other * self._tensor
+
+    def __truediv__(self, other: Any) -> Any:
+        return self._tensor / other
+
+    def __rtruediv__(self, other: Any) -> Any:
+        return other / self._tensor
+
+    def __pow__(self, other: Any) -> Any:
+        return self._tensor**other
+
+    def __neg__(self) -> Any:
+        return -self._tensor
+
+    def __abs__(self) -> Any:
+        return abs(self._tensor)
+
+
+tf.register_tensor_conversion_function(
+    TensorSlot, lambda slot, dtype=None, name=None, as_ref=False: slot.read_value()
+)
+
+
+def row_slot_variable(wrapper: Any, slot: str) -> Any:
     """A slot variable for ``wrapper``'s batch rows: ``[None, dim]``, as a wrapper's row
-    count changes with every batch (an optimizer would make it the wrapper's shape)."""
+    count changes with every batch (an optimizer would make it the wrapper's shape); a
+    :class:`TensorSlot` for a wrapper that is one."""
     params = wrapper.params
+    if isinstance(wrapper, TensorSlot):
+        return TensorSlot(f"{params.name}/{slot}", params.value_dtype, params.dim)
     with tf.init_scope(), tf.device(wrapper.device):
         return tf.Variable(
             tf.zeros([0, params.dim], params.value_dtype),

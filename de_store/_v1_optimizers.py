@@ -24,7 +24,8 @@ from de_store._slots import (
     slot_column,
     write_back_rows,
 )
-from de_store.embedding import TrainableWrapper, wrapper_of
+from de_store.embedding import BatchRows, TrainableWrapper, wrapper_of
+from de_store.errors import VariableError
 
 
 class V1Sparse:
@@ -82,6 +83,13 @@ class V1Sparse:
         pairs, loaded, loads = [], [], []
         for grad, var in grads_and_vars:
             wrapper = wrapper_of(var)
+            if isinstance(wrapper, BatchRows):
+                raise VariableError(
+                    f"variable '{wrapper.params.name}': its tables live on parameter servers, "
+                    "whose steps hold no variable for the batch rows; a tf.compat.v1.train "
+                    f"optimizer ({type(self).__name__}) updates only variables. Use a Keras "
+                    "optimizer (any of tf.keras.optimizers)"
+                )
             if wrapper is not None and grad is not None:
                 with tf.init_scope():
                     self._create_slots([wrapper])  # type: ignore[attr-defined]

@@ -7,6 +7,12 @@ gathers the output from it, so ``tf.GradientTape`` sees an ordinary variable gra
 de_store optimizer (:func:`de_store.DynamicEmbeddingOptimizer`) recognises the wrapper and
 writes the update back to the tables for those ids. In inference mode
 (:func:`de_store.enable_inference_mode`) a lookup reads the tables and touches no wrapper.
+
+A Variable whose tables live on parameter servers (``ParameterServerStrategy``) gets a
+:class:`BatchRows` instead: a fixed ``[1, dim]`` variable that receives the rows' gradient
+with their ids, while the batch's rows and the optimizer's slot rows stay tensors of the
+step (a worker's step can hold no variable of unknown shape on another task: TensorFlow
+aborts the worker; and many workers run steps at once).
 """
 
 from __future__ import annotations
@@ -15,9 +21,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.eager import record
+from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import resource_variable_ops
 
 from de_store import modes
+from de_store._slots import TensorSlot
+from de_store.errors import VariableError
 from de_store.variable import Variable
 
 
@@ -78,18 +88,134 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         return ops
 
 
-def trainable_wrapper(params: Variable, name: str = "lookup") -> TrainableWrapper:
-    """Get or create the wrapper of ``params`` for lookups called ``name``."""
-    wrappers: dict[str, TrainableWrapper] = params._wrappers  # type: ignore[attr-defined]
+class BatchRows(resource_variable_ops.ResourceVariable):
+    """The trainable stand-in for a lookup's rows when the Variable's tables live on
+    parameter servers: a ``[1, dim]`` variable of zeros on the first table's task.
+
+    A worker's step can hold no variable of unknown shape on another task (TensorFlow
+    aborts the worker) and many workers run steps at once, so the batch rows stay tensors
+    of the step. The lookup's output is tied to this variable so that its gradient for
+    the variable is ``IndexedSlices(values=d loss / d rows, indices=ids)``
+    (:func:`_rows_with_gradient`): ``tape.gradient`` and Keras reach it as they reach any
+    variable, also through a ``tf.function``-decorated ``call``. The optimizer
+    (:func:`de_store.DynamicEmbeddingOptimizer`) reads the ids from the indices, updates
+    their rows and slots as tensors (:class:`RowsState`) and writes them to the tables;
+    this variable itself never changes.
+    """
+
+    def __init__(self, params: Variable, name: str) -> None:
+        if params.key_dtype == tf.string:
+            raise VariableError(
+                f"variable '{params.name}': its tables live on parameter servers, where "
+                "training looks up int32 or int64 keys only; got string keys"
+            )
+        with tf.init_scope(), tf.device(params.devices[0]):
+            super().__init__(
+                initial_value=tf.zeros([1, params.dim], params.value_dtype),
+                trainable=params.trainable,
+                name=f"{params.name}/{name}/rows".replace(":", "_"),
+            )
+        self.params = params
+        self.lookup_name = name
+        self.state = RowsState(params, f"{params.name}/{name}/state")
+
+    @property
+    def rows(self) -> BatchRows:
+        """What receives the batch rows' gradient: this variable."""
+        return self
+
+    def read_rows(self, unique_ids: tf.Tensor) -> tf.Tensor:
+        """The rows of ``unique_ids``, differentiable through this variable."""
+        values = self.params.lookup(unique_ids)
+        return _rows_with_gradient(values, self, unique_ids)
+
+
+class RowsState(TensorSlot):
+    """The rows an update of :class:`BatchRows` works on, as tensors of the step: the
+    current rows of the gradient's ids, with ``params``, ``ids`` and ``existed`` as a
+    :class:`TrainableWrapper` holds them."""
+
+    def __init__(self, params: Variable, name: str) -> None:
+        super().__init__(name, params.value_dtype, params.dim)
+        self.params = params
+        self.ids = tf.zeros([0], params.key_dtype)
+        self.existed = tf.zeros([0], tf.bool)
+
+    def bind(self, grad: tf.IndexedSlices) -> tf.Tensor:
+        """Hold the current rows of the ids ``grad`` names; return the gradient summed per
+        id, in the order of ``ids``."""
+        ids = tf.cast(grad.indices, self.params.key_dtype)
+        self.ids, position = tf.unique(ids, out_idx=tf.int32)
+        values, self.existed = self.params.lookup(self.ids, return_exists=True)
+        self.assign(values)
+        count = tf.size(self.ids)
+        return tf.math.unsorted_segment_sum(tf.convert_to_tensor(grad.values), position, count)
+
+
+def _rows_with_gradient(values: tf.Tensor, anchor: BatchRows, ids: tf.Tensor) -> tf.Tensor:
+    """``values``, whose gradient goes to ``anchor`` as ``IndexedSlices(d values, ids)``.
+
+    A gather of ``anchor``'s row 0 once per id (indices ``ids * 0``) is added and taken
+    away again, so the value is ``values`` and the gradient of the gather's output is that
+    of the rows. The gather's gradient gives the ids as its indices: recorded on the active
+    tapes for a tape in the same function, and through the gradient registry
+    (:func:`_rows_of_ids_gradient`) for the backward graph of a nested ``tf.function``
+    (a gather's gradient is an ``IndexedSlices`` that crosses that boundary intact; one
+    made by ``tf.custom_gradient`` does not).
+    """
+    zeros = tf.math.multiply(ids, tf.zeros([], ids.dtype))
+    resource_variable_ops.variable_accessed(anchor)  # every active tape watches it
+    graph = tf.compat.v1.get_default_graph()
+    with record.stop_recording(), graph.gradient_override_map({"ResourceGather": _ROWS_OF_IDS}):
+        gathered = tf.raw_ops.ResourceGather(
+            resource=anchor.handle, indices=zeros, dtype=anchor.dtype
+        )
+
+    def backward(d_rows: tf.Tensor) -> list[Any]:
+        return [_indexed_by_ids(d_rows, ids), None]
+
+    record.record_operation(_ROWS_OF_IDS, [gathered], [anchor.handle, zeros], backward)
+    return tf.stop_gradient(values) + (gathered - tf.stop_gradient(gathered))
+
+
+def _indexed_by_ids(d_rows: Any, ids: tf.Tensor) -> tf.IndexedSlices:
+    values = tf.convert_to_tensor(d_rows)
+    dense_shape = tf.constant([1, values.shape[-1]], tf.int64)
+    # identities: the backward graph of a nested tf.function takes only its own tensors out
+    return tf.IndexedSlices(tf.identity(values), tf.identity(ids), dense_shape)
+
+
+_ROWS_OF_IDS = "DeStoreRowsOfIds"
+
+
+@tf_ops.RegisterGradient(_ROWS_OF_IDS)
+def _rows_of_ids_gradient(op: Any, grad: Any) -> list[Any]:
+    """The gradient of :func:`_rows_with_gradient`'s gather in a graph's gradient
+    function: the rows' gradient, indexed by the ids (the first input of the ``ids * 0``
+    that is the gather's indices)."""
+    return [_indexed_by_ids(grad, op.inputs[1].op.inputs[0]), None]
+
+
+def on_parameter_servers(params: Variable) -> bool:
+    """Whether ``params`` keeps its tables on other tasks, in fixed-shape variables."""
+    return any(getattr(shard, "fixed_shapes", False) for shard in params.shards)
+
+
+def trainable_wrapper(params: Variable, name: str = "lookup") -> TrainableWrapper | BatchRows:
+    """Get or create the wrapper of ``params`` for lookups called ``name``: a
+    :class:`BatchRows` when its tables live on parameter servers."""
+    wrappers: dict[str, Any] = params._wrappers  # type: ignore[attr-defined]
     wrapper = wrappers.get(name)
     if wrapper is None:
-        wrapper = wrappers[name] = TrainableWrapper(params, name)
-    return wrapper
+        kind = BatchRows if on_parameter_servers(params) else TrainableWrapper
+        wrapper = wrappers[name] = kind(params, name)
+    return wrapper  # type: ignore[no-any-return]
 
 
-def wrapper_of(variable: Any) -> TrainableWrapper | None:
-    """``variable`` if it is a :class:`TrainableWrapper`, else ``None``."""
-    return variable if isinstance(variable, TrainableWrapper) else None
+def wrapper_of(variable: Any) -> TrainableWrapper | BatchRows | RowsState | None:
+    """``variable`` if it holds batch rows (a :class:`TrainableWrapper`, :class:`BatchRows`
+    or the :class:`RowsState` of one), else ``None``."""
+    return variable if isinstance(variable, (TrainableWrapper, BatchRows, RowsState)) else None
 
 
 def trainable_wrapper_filter(
@@ -150,8 +276,11 @@ def embedding_lookup(
         return tf.clip_by_norm(out, max_norm, axes=[-1]) if max_norm is not None else out
     unique_ids, positions = tf.unique(tf.reshape(ids, [-1]), out_idx=tf.int32)
     wrapper = trainable_wrapper(params, name or "lookup")
-    with tf.control_dependencies(wrapper.load(unique_ids)):
-        flat = tf.gather(wrapper, positions)
+    if isinstance(wrapper, BatchRows):
+        flat = tf.gather(wrapper.read_rows(unique_ids), positions)
+    else:
+        with tf.control_dependencies(wrapper.load(unique_ids)):
+            flat = tf.gather(wrapper, positions)
     if max_norm is not None:
         flat = tf.clip_by_norm(flat, max_norm, axes=[1])
     out = tf.reshape(flat, tf.concat([tf.shape(ids), [params.dim]], axis=0))

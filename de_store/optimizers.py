@@ -37,7 +37,7 @@ from de_store._slots import (
     slot_initializer,
     write_back_rows,
 )
-from de_store.embedding import TrainableWrapper, wrapper_of
+from de_store.embedding import BatchRows, RowsState, TrainableWrapper, wrapper_of
 from de_store.errors import VariableError
 
 
@@ -122,7 +122,9 @@ class _SparseMixin(RowGradients):
             inners[id(wrapper)] = inner
         return inner
 
-    def _apply_sparse(self, grad: Any, wrapper: TrainableWrapper) -> None:
+    def _apply_sparse(self, grad: Any, wrapper: Any) -> None:
+        if isinstance(wrapper, BatchRows):  # tables on parameter servers: tensors of the step
+            grad, wrapper = wrapper.state.bind(grad), wrapper.state
         inner = self._rows_optimizer(wrapper)
         keras_name = self._keras_class().__name__
         slots = [
@@ -131,10 +133,22 @@ class _SparseMixin(RowGradients):
         ]
         old = tf.convert_to_tensor(wrapper)
         grad = tf.cast(aggregate(grad, tf.shape(wrapper.ids)[0]), old.dtype)
-        if getattr(inner, "weight_decay", None):
-            inner._apply_weight_decay([wrapper])
-        inner._backend_update_step([grad], [wrapper], inner.learning_rate)
+        if isinstance(wrapper, RowsState):  # tensors of a step: no distributed update
+            _update_state(inner, grad, wrapper)
+        else:
+            if getattr(inner, "weight_decay", None):
+                inner._apply_weight_decay([wrapper])
+            inner._backend_update_step([grad], [wrapper], inner.learning_rate)
         write_back_rows(wrapper, old, slots)
+
+
+def _update_state(inner: Any, grad: tf.Tensor, rows: RowsState) -> None:
+    """Keras 3's weight decay and update step on rows held as tensors, outside any
+    distribution strategy's update (which takes only variables)."""
+    if getattr(inner, "weight_decay", None) and inner._use_weight_decay(rows):
+        lr = tf.cast(inner.learning_rate, rows.dtype)
+        rows.assign(rows - rows * tf.cast(inner.weight_decay, rows.dtype) * lr)
+    inner.update_step(grad, rows, inner.learning_rate)
 
 
 #: The sparse mixin of the Keras ``tf.keras`` routes to.

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from de_store import restrict
 from de_store._keras import keras
-from de_store.embedding import embedding_lookup, trainable_wrapper
+from de_store.embedding import BatchRows, embedding_lookup, trainable_wrapper
 from de_store.errors import FormatError
 from de_store.keras import _weights
 from de_store.partition import Partitioner, default_partition_fn
@@ -123,7 +123,9 @@ class Embedding(keras.layers.Layer):
         self._wrapper.regularizer = None  # Keras reads it on every weight
         # A call writes the batch's rows, ids and flags: tracked here, a SavedModel of a
         # model that calls the layer keeps them (it refuses functions using untracked ones)
-        self._batch = [self._wrapper, self._wrapper.ids, self._wrapper.existed]
+        self._batch = [self._wrapper]  # tables on parameter servers: BatchRows, only read
+        if not isinstance(self._wrapper, BatchRows):
+            self._batch += [self._wrapper.ids, self._wrapper.existed]
 
     def call(self, ids: Any) -> tf.Tensor:
         return embedding_lookup(self.params, ids, name=self.name, max_norm=self.max_norm)
