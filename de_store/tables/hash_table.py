@@ -77,8 +77,11 @@ in a ``tf.function`` read the table's current variables at each call
 (``capture_call_time_value``), so steps traced before a growth use the variables after
 it. Inside a ``tf.function`` a batch that needs more room than the table has fails, naming
 the table, before it writes anything; between steps, ``reserve`` (and every eager insert)
-grows the table. A growth replaces the variables, so it must not overlap a running step
-(under a ``ClusterCoordinator``, call it after ``join``).
+grows the table. A growth replaces the variables, so it must not overlap a running step.
+Under a ``ClusterCoordinator`` the chief keeps such tables ahead of their load itself:
+creating the first one wraps ``ClusterCoordinator.schedule`` (:mod:`._ps_growth`), which
+waits for the steps in flight and grows the tables, before a step that could find one
+short of room.
 
 Threads
 -------
@@ -100,7 +103,16 @@ import numpy as np
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
-from de_store.tables import _checks, _fixed, _index, _kernels, _locking, _tracking, _types
+from de_store.tables import (
+    _checks,
+    _fixed,
+    _index,
+    _kernels,
+    _locking,
+    _ps_growth,
+    _tracking,
+    _types,
+)
 from de_store.tables.base import TableCore, TableSnapshot
 
 _KEY_DTYPES = (tf.int64, tf.int32)
@@ -216,6 +228,8 @@ class HashTable(TableCore):
             )
         )
         self._growth = _fixed.Growth(self) if fixed else None
+        if fixed:
+            _ps_growth.install()
 
     # -- contract ----------------------------------------------------------------------
     def lookup(

@@ -1,0 +1,346 @@
+"""Fixed-shape tables that grow like TFRA's: the chief grows them between the steps a
+``ClusterCoordinator`` schedules.
+
+A fixed-shape table (a table on a parameter server) can only grow eagerly, on the chief,
+while no step runs (see *Fixed shapes* in :mod:`.hash_table`), and a step that brings
+more new keys than it has room for fails. When the first such table is created,
+:func:`install` wraps ``ClusterCoordinator.schedule`` (the class's method, once per
+process: ``model.fit`` schedules through it too) so that, before a step is handed to
+the coordinator, the tables it writes are known to have room for it and for every step
+queued or running:
+
+- what a step may ask of each table comes from its traced graph (:mod:`._demand`): the
+  static bound of the keys its calls pass when the graph gives one (ids of a static
+  batch size), else ``OBSERVED_MARGIN`` times what the steps before it passed (the
+  most keys one call passed, times the calls; or the mean a step, if more), counted on
+  the table's device by the calls themselves;
+- the room the tables have is read from the tables (:func:`._fixed.read_loads`, one call
+  per PS task), and only when the room promised to the steps since the last reading
+  (those in flight then counted at the most a step has asked) could run out;
+- when the room could run out: if the tables have room for ``WINDOW_STEPS`` steps of the
+  most a step asks, the chief waits for steps in flight to finish (they hold the room);
+  otherwise it waits for every step in flight (``coordinator.join()``), grows each table
+  and companion table that is short, to double the keys it holds and at least
+  ``WINDOW_STEPS`` steps' room, then schedules;
+- a step that may write a table no step has written yet, with no static bound, runs
+  alone (after the steps before it, and before the steps after it): its demand is then
+  known for the next ones.
+
+A coordinator whose steps write no fixed-shape table schedules as before. The waits and
+growths are logged under ``de_store`` (a growth at INFO, with its time).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.distribute.coordinator import cluster_coordinator
+from tensorflow.python.util import nest
+
+from de_store.tables import _demand
+from de_store.tables._fixed import UNLIMITED, Growth, Load, read_loads
+
+log = logging.getLogger("de_store")
+
+#: A growth leaves room for at least this many steps of the most a step asks of the table
+#: (and for as many keys more as the table holds), so that steps go on without growing
+#: again soon; while the tables have that room, a shortage is waited out instead.
+WINDOW_STEPS = 8
+#: A bound observed from the steps before (no static bound) is taken this many times over.
+OBSERVED_MARGIN = 2
+#: Seconds between looks at the coordinator's queue while steps in flight finish.
+POLL_S = 0.001
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one step asks of one table, by kind of room: its calls, and the most keys
+    they pass together when that is known before the step runs (None: observed)."""
+
+    calls: tuple[int, int]
+    bounds: tuple[int | None, int | None]
+
+
+#: What a step whose graph is not known may ask: a call of each kind, of unknown size.
+_UNKNOWN = Need((1, 1), (None, None))
+_install_lock = threading.Lock()
+_schedule: Any = None  # ClusterCoordinator.schedule as TensorFlow defines it
+_keepers: weakref.WeakKeyDictionary[Any, Keeper] = weakref.WeakKeyDictionary()
+
+
+def install() -> None:
+    """Wrap ``ClusterCoordinator.schedule`` (once per process) so that fixed-shape tables
+    grow ahead of the steps it schedules."""
+    global _schedule
+    with _install_lock:
+        if _schedule is not None:
+            return
+        coordinator_class = cluster_coordinator.ClusterCoordinator
+        original = coordinator_class.schedule
+
+        @functools.wraps(original)
+        def schedule(self: Any, fn: Any, args: Any = None, kwargs: Any = None) -> Any:
+            with _install_lock:
+                keeper = _keepers.setdefault(self, Keeper())
+            return keeper.schedule(self, fn, args, kwargs)
+
+        _schedule = original
+        coordinator_class.schedule = schedule
+
+
+class Keeper:
+    """Keeps the fixed-shape tables ahead of the steps one coordinator schedules."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loads: weakref.WeakKeyDictionary[Growth, Load] = weakref.WeakKeyDictionary()
+        #: room promised since the last reading, and the most one step asked, by table
+        self._promised: weakref.WeakKeyDictionary[Growth, list[int]] = weakref.WeakKeyDictionary()
+        self._largest: weakref.WeakKeyDictionary[Growth, list[int]] = weakref.WeakKeyDictionary()
+        self._probed: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Growth]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._scheduled = 0  # steps handed to the coordinator
+        self._finished = 0  # of those, finished at the last reading
+        self._in_flight = 0  # queued or running at the last reading
+        self._fresh = False  # no step was scheduled since the last reading
+
+    def schedule(self, coordinator: Any, fn: Any, args: Any, kwargs: Any) -> Any:
+        """``coordinator.schedule(fn, args, kwargs)``, after making sure the tables the
+        step writes have room for it."""
+        plan, key = _plan(fn, args, kwargs)
+        with self._lock:
+            if plan:
+                if any(t not in self._loads for t in plan):
+                    self._refresh(coordinator)
+                first = self._unobserved(plan, key)
+                if first:
+                    return self._run_alone(coordinator, plan, key, first, (fn, args, kwargs))
+                self._admit(coordinator, plan)
+            return self._dispatch(coordinator, fn, args, kwargs)
+
+    # -- admission ---------------------------------------------------------------------
+    def _admit(self, coordinator: Any, plan: dict[Growth, Need], skip: Any = ()) -> None:
+        """Wait, or grow tables, until the step of ``plan`` fits in the room not promised
+        yet; then promise it its room (tables in ``skip`` excepted)."""
+        while True:
+            asks = {t: self._ask(s, self._loads[t]) for t, s in plan.items() if t not in skip}
+            short = {t: ask for t, ask in asks.items() if self._short(t, ask)}
+            idle = self._fresh and not self._in_flight
+            if short and idle:  # nothing to wait for: grow now rather than later
+                self._grow(coordinator, short)
+            elif all(self._fits(t, ask) for t, ask in asks.items()):
+                for table, ask in asks.items():
+                    self._promise(table, ask)
+                return
+            elif not self._fresh:
+                self._refresh(coordinator)
+            elif short:
+                self._grow(coordinator, short)
+            else:  # the steps in flight hold the room: let some finish
+                started = time.perf_counter()
+                self._wait_for_steps(coordinator, self._in_flight // 2)
+                log.debug("waited %.3f s for steps in flight to free table room", _since(started))
+                self._refresh(coordinator)
+
+    def _ask(self, need: Need, load: Load) -> tuple[int, int]:
+        """The most room of each kind one step of ``need`` may take."""
+        asks = []
+        for kind in _demand.KINDS:
+            bound = need.bounds[kind]
+            if not need.calls[kind] or bound is not None:
+                asks.append(bound or 0)
+                continue
+            mean = math.ceil(load.passed[kind] / max(self._finished, 1))
+            asks.append(OBSERVED_MARGIN * max(load.peak[kind] * need.calls[kind], mean))
+        return asks[0], asks[1]
+
+    def _fits(self, table: Growth, ask: tuple[int, int]) -> bool:
+        promised, free = self._promised.get(table, [0, 0]), self._loads[table].free
+        return all(promised[k] + ask[k] <= free[k] for k in _demand.KINDS)
+
+    def _short(self, table: Growth, ask: tuple[int, int]) -> bool:
+        """Whether ``table`` lacks room for ``WINDOW_STEPS`` steps of the most asked."""
+        free = self._loads[table].free
+        return any(free[k] < self._window(table, ask, k) for k in _demand.KINDS)
+
+    def _window(self, table: Growth, ask: tuple[int, int], kind: int) -> int:
+        largest = self._largest.get(table, [0, 0])[kind]
+        return ask[kind] + WINDOW_STEPS * max(largest, ask[kind])
+
+    def _promise(self, table: Growth, ask: tuple[int, int]) -> None:
+        promised = self._promised.setdefault(table, [0, 0])
+        largest = self._largest.setdefault(table, [0, 0])
+        for kind in _demand.KINDS:
+            promised[kind] += ask[kind]
+            largest[kind] = max(largest[kind], ask[kind])
+
+    # -- steps of unknown demand -------------------------------------------------------
+    def _unobserved(self, plan: dict[Growth, Need], key: Any) -> list[Growth]:
+        """The tables ``plan`` writes without a static bound that no step has passed keys
+        to yet, and no step of ``key`` ran alone on."""
+        probed = self._probed.get(key, ())
+        return [
+            table
+            for table, need in plan.items()
+            if table not in probed
+            and any(self._unbounded(need, self._loads[table], k) for k in _demand.KINDS)
+        ]
+
+    @staticmethod
+    def _unbounded(need: Need, load: Load, kind: int) -> bool:
+        """Whether ``need`` takes room of ``kind``, limited, with no bound known yet."""
+        return bool(
+            need.calls[kind]
+            and need.bounds[kind] is None
+            and not load.passed[kind]
+            and load.free[kind] < UNLIMITED
+        )
+
+    def _run_alone(
+        self, coordinator: Any, plan: Any, key: Any, first: list[Growth], call: tuple
+    ) -> Any:
+        """Schedule a step that writes ``first`` (tables of unknown demand) after the steps
+        in flight, and wait for it: what it passed bounds the steps after it."""
+        coordinator.join()
+        self._refresh(coordinator)
+        self._admit(coordinator, plan, skip=first)
+        names = ", ".join(sorted(t.table.table_name for t in first))
+        log.info("the first step writing %s without a static bound runs alone", names)
+        result = self._dispatch(coordinator, *call)
+        coordinator.join()
+        self._refresh(coordinator)
+        if key is not None:
+            self._probed.setdefault(key, weakref.WeakSet()).update(first)
+        return result
+
+    # -- readings, waits and growth ----------------------------------------------------
+    def _dispatch(self, coordinator: Any, fn: Any, args: Any, kwargs: Any) -> Any:
+        result = _schedule(coordinator, fn, args=args, kwargs=kwargs)
+        self._scheduled += 1
+        self._fresh = False
+        return result
+
+    def _refresh(self, coordinator: Any) -> None:
+        """Read every table's load; the steps in flight are counted first (a step that
+        finishes meanwhile is counted twice: room kept, never missed)."""
+        in_flight = _in_flight(coordinator)
+        tables = _demand.live()
+        self._loads = weakref.WeakKeyDictionary(zip(tables, read_loads(tables), strict=True))
+        self._in_flight, self._finished = in_flight, self._scheduled - in_flight
+        self._promised = weakref.WeakKeyDictionary(
+            (t, [in_flight * most for most in self._largest.get(t, [0, 0])]) for t in tables
+        )
+        self._fresh = True
+
+    def _grow(self, coordinator: Any, short: dict[Growth, tuple[int, int]]) -> None:
+        """Wait for every step in flight, then grow the tables still short of room."""
+        started = time.perf_counter()
+        coordinator.join()
+        waited = _since(started)
+        self._refresh(coordinator)
+        for table, ask in short.items():
+            load = self._loads[table]
+            windows = [self._window(table, ask, k) for k in _demand.KINDS]
+            counts = [
+                load.used[k] + windows[k] if load.free[k] < windows[k] else 0 for k in _demand.KINDS
+            ]
+            if any(counts):
+                _grow_table(table, load, counts, waited)
+        self._refresh(coordinator)
+
+    @staticmethod
+    def _wait_for_steps(coordinator: Any, at_most: int) -> None:
+        while _in_flight(coordinator) > at_most:
+            time.sleep(POLL_S)
+
+
+def _grow_table(table: Growth, load: Load, counts: list[int], waited: float) -> None:
+    started = time.perf_counter()
+    table.make_room(counts[0], counts[1])
+    (after,) = read_loads([table])
+    log.info(
+        "grew table %s on %s for %d more keys (%d removals): index %d -> %d slots, "
+        "rows %d -> %d, holding %d keys; %.3f s, after %.3f s waiting for the steps in flight",
+        table.table.table_name,
+        table.table._device,
+        counts[0],
+        counts[1],
+        load.capacity,
+        after.capacity,
+        load.rows,
+        after.rows,
+        load.used[0],
+        _since(started),
+        waited,
+    )
+
+
+def _plan(fn: Any, args: Any, kwargs: Any) -> tuple[dict[Growth, Need] | None, Any]:
+    """What a step of ``fn`` on these arguments asks of each fixed-shape table (None: it
+    writes none), and the key its first runs are known by."""
+    tables = _demand.live()
+    if not tables:
+        return None, None
+    try:
+        graph, counts = _traced(fn, args, kwargs)
+    except Exception:  # the coordinator's own call reports it
+        return None, None
+    if graph is None:  # a Python function: its steps may write any table
+        return dict.fromkeys(tables, _UNKNOWN), fn
+    sites = _demand.sites_of(graph)
+    if sites:
+        return {table: _need(found, counts) for table, found in sites.items()}, graph
+    if _demand.calls_kernels(graph):
+        return dict.fromkeys(tables, _UNKNOWN), graph
+    return None, None
+
+
+def _need(sites: _demand.Sites, counts: dict[str, int | None]) -> Need:
+    bounds = [None if b is None else b.value(counts) for b in sites.bounds]
+    return Need((sites.calls[0], sites.calls[1]), (bounds[0], bounds[1]))
+
+
+def _traced(fn: Any, args: Any, kwargs: Any) -> tuple[Any, dict[str, int | None]]:
+    """The graph of the concrete function the coordinator will run for ``fn`` (traced
+    as the coordinator traces it; None for a Python function), and the element count of
+    each of its arguments that is a tensor of known shape, by placeholder name."""
+    coordinator = cluster_coordinator
+    if isinstance(fn, coordinator.tf_function.ConcreteFunction):
+        return fn.graph, {}
+    if not isinstance(fn, coordinator.def_function.Function):
+        return None, {}
+    args, kwargs = coordinator._select_worker_slice(0, (args or (), kwargs or {}))
+    specs = nest.map_structure(coordinator._maybe_as_type_spec, (args, kwargs))
+    concrete = fn.get_concrete_function(*specs[0], **specs[1])
+    function_type = concrete.function_type
+    flat = function_type.unpack_inputs(function_type.bind(*args, **kwargs))
+    counts = {
+        placeholder.name: _elements(value)
+        for placeholder, value in zip(concrete.graph.inputs, flat, strict=False)
+    }
+    return concrete.graph, counts
+
+
+def _elements(value: Any) -> int | None:
+    shape = getattr(value, "shape", None)
+    known = shape.num_elements() if isinstance(value, tf.Tensor) and shape is not None else None
+    return None if known is None else int(known)
+
+
+def _in_flight(coordinator: Any) -> int:
+    """Closures queued or running on the coordinator's workers."""
+    queue = coordinator._cluster.closure_queue
+    return int(queue._queue.qsize() + queue.inflight_closure_count)
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started
