@@ -291,16 +291,17 @@ def _plan(fn: Any, args: Any, kwargs: Any) -> tuple[dict[Growth, Need] | None, A
     if not tables:
         return None, None
     try:
-        graph, counts = _traced(fn, args, kwargs)
-    except Exception:  # the coordinator's own call reports it
-        return None, None
-    if graph is None:  # a Python function: its steps may write any table
+        concrete = _traced(fn, args, kwargs)
+    except Exception:  # the coordinator traces it again and reports it
+        concrete = None
+    if concrete is None:  # a Python function (or one not traced): it may write any table
         return dict.fromkeys(tables, _UNKNOWN), fn
-    sites = _demand.sites_of(graph)
+    sites = _demand.sites_of(concrete.graph)
     if sites:
-        return {table: _need(found, counts) for table, found in sites.items()}, graph
-    if _demand.calls_kernels(graph):
-        return dict.fromkeys(tables, _UNKNOWN), graph
+        counts = _argument_sizes(concrete, args, kwargs)
+        return {table: _need(found, counts) for table, found in sites.items()}, concrete.graph
+    if _demand.calls_kernels(concrete.graph):
+        return dict.fromkeys(tables, _UNKNOWN), concrete.graph
     return None, None
 
 
@@ -309,25 +310,32 @@ def _need(sites: _demand.Sites, counts: dict[str, int | None]) -> Need:
     return Need((sites.calls[0], sites.calls[1]), (bounds[0], bounds[1]))
 
 
-def _traced(fn: Any, args: Any, kwargs: Any) -> tuple[Any, dict[str, int | None]]:
-    """The graph of the concrete function the coordinator will run for ``fn`` (traced
-    as the coordinator traces it; None for a Python function), and the element count of
-    each of its arguments that is a tensor of known shape, by placeholder name."""
+def _traced(fn: Any, args: Any, kwargs: Any) -> Any:
+    """The concrete function the coordinator will run for ``fn``, traced as the
+    coordinator traces it (None for a Python function)."""
     coordinator = cluster_coordinator
     if isinstance(fn, coordinator.tf_function.ConcreteFunction):
-        return fn.graph, {}
+        return fn
     if not isinstance(fn, coordinator.def_function.Function):
-        return None, {}
+        return None
     args, kwargs = coordinator._select_worker_slice(0, (args or (), kwargs or {}))
     specs = nest.map_structure(coordinator._maybe_as_type_spec, (args, kwargs))
-    concrete = fn.get_concrete_function(*specs[0], **specs[1])
+    return fn.get_concrete_function(*specs[0], **specs[1])
+
+
+def _argument_sizes(concrete: Any, args: Any, kwargs: Any) -> dict[str, int | None]:
+    """The element count of each argument of ``concrete`` that is a tensor of known
+    shape (an iterator, a value of another step: unknown), by placeholder name."""
+    args, kwargs = cluster_coordinator._select_worker_slice(0, (args or (), kwargs or {}))
     function_type = concrete.function_type
-    flat = function_type.unpack_inputs(function_type.bind(*args, **kwargs))
-    counts = {
+    try:
+        flat = function_type.unpack_inputs(function_type.bind(*args, **kwargs))
+    except Exception:  # arguments it cannot bind: sizes unknown
+        return {}
+    return {
         placeholder.name: _elements(value)
         for placeholder, value in zip(concrete.graph.inputs, flat, strict=False)
     }
-    return concrete.graph, counts
 
 
 def _elements(value: Any) -> int | None:

@@ -21,6 +21,7 @@ from de_store.optimizers import Adagrad
 FIELDS, BATCH, ID_SPACE, DIM = 4, 64, 300, 4
 LEARNING_RATE = 0.2
 FAR = 10_000
+FAR_STEPS = 48  # their new keys outnumber the room the tables have after the training
 
 
 def batch(step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -81,21 +82,33 @@ def report(variable: ds.Variable, **extra: object) -> dict[str, object]:
     }
 
 
+def room(shard: object) -> int:
+    """The new keys a PS table shard has room for as it is (no key removed)."""
+    held = int(shard.size())
+    rows = int(shard.values.shape[0])
+    return min(int(shard.capacity() * shard.max_load_factor), rows) - held
+
+
 def grow_between_steps(coordinator: object, emb: ds.Variable, step: object) -> dict:
-    """A step bringing more new keys than the PS tables have room for fails, naming the
-    table; after ``emb.reserve`` the same step, traced before the growth, runs."""
-    far = tf.constant(FAR, tf.int64)  # a batch of new ids
-    coordinator.schedule(step, args=(far,))
-    try:
-        coordinator.join()
-        error = ""
-    except tf.errors.InvalidArgumentError as err:
-        error = str(err)
-    before = int(emb.size())
-    emb.reserve(BATCH * FIELDS)
-    coordinator.schedule(step, args=(far,))
+    """Steps whose new keys outnumber the room the PS tables have all run, with no call
+    from here: de_store's hook on ``coordinator.schedule`` grows the tables between them.
+    ``reserve`` still makes room ahead of time."""
+    numbers = [tf.constant(FAR + i, tf.int64) for i in range(FAR_STEPS)]
+    new = {int(k) for number in numbers for k in batch(number)[0].numpy().ravel()}
+    before = {"size": int(emb.size()), "room": sum(room(s) for s in emb.shards)}
+    before["rows"] = sum(int(s.values.shape[0]) for s in emb.shards)
+    losses = [coordinator.schedule(step, args=(number,)) for number in numbers]
     coordinator.join()
-    return {"overflow_error": error, "size_before_reserve": before, "size_after": int(emb.size())}
+    rows = sum(int(s.values.shape[0]) for s in emb.shards)
+    emb.reserve(2 * rows)  # room for that many more keys, before the steps that bring them
+    return {
+        "far_new_keys": len(new),
+        "far_losses": [float(loss.fetch()) for loss in losses],
+        "before_far": before,
+        "size_after_far": int(emb.size()),
+        "rows_after_far": rows,
+        "rows_after_reserve": sum(int(s.values.shape[0]) for s in emb.shards),
+    }
 
 
 def main() -> None:

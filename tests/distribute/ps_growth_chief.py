@@ -34,8 +34,8 @@ import de_store as ds
 from de_store.optimizers import Adagrad
 
 DIM, NEW, OLD, LAG = 2, 64, 32, 8
-INIT_SIZE = 480
-STEPS = FIT_STEPS = 75  # 4,800 keys each: 10 x INIT_SIZE
+INIT_SIZE = 192  # two batches of ids
+STEPS = FIT_STEPS = 30  # 1,920 keys each: 10 x INIT_SIZE
 LEARNING_RATE = 0.05
 ACCUMULATOR = 1.0  # Adagrad's first value: every accumulator stays an integer
 

@@ -74,13 +74,15 @@ def test_each_ps_task_wrote_its_tables_as_binary_shards(trained):
     assert cli_main(["verify", "-q", url]) == 0
 
 
-def test_a_step_without_room_fails_naming_the_table_and_reserve_grows_it(trained):
+def test_steps_with_more_new_keys_than_the_tables_room_run_as_the_chief_grows_them(trained):
     report, _ = trained
-    assert "no room for the batch" in report["overflow_error"]
-    assert "table emb/shard_" in report["overflow_error"]
-    assert report["size_before_reserve"] == len(report["values"])  # the failed step wrote nothing
-    # the same step, traced before the growth, ran on the grown tables
-    assert report["size_after"] > report["size_before_reserve"] + 200
+    before = report["before_far"]
+    assert report["far_new_keys"] > before["room"]
+    losses = report["far_losses"]  # every step ran
+    assert len(losses) == ps_chief.FAR_STEPS and all(np.isfinite(losses))
+    assert report["size_after_far"] == before["size"] + report["far_new_keys"]
+    assert report["rows_after_far"] > before["rows"]  # grown between the steps
+    assert report["rows_after_reserve"] >= 2 * report["rows_after_far"]  # reserve still grows
 
 
 def _single_process_losses() -> list[float]:
