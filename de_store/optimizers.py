@@ -67,6 +67,36 @@ def _rows_class(keras_class: type) -> type:
     return type(f"Rows{keras_class.__name__}", (_RowSlots, keras_class), {})
 
 
+class _LocalUpdates:
+    """Placed right above Keras's TensorFlow optimizer class: its update step and weight
+    decay run on each variable in place, outside any distribution strategy's update (which
+    takes only variables, and under ``ParameterServerStrategy`` a step scheduled without
+    ``strategy.run`` has no replica to merge from), while the Keras class's own overrides
+    (Nadam's product of momentum factors) still run first."""
+
+    def _backend_update_step(self, grads: Any, variables: Any, learning_rate: Any) -> None:
+        for grad, variable in zip(grads, variables, strict=True):
+            self.update_step(grad, variable, learning_rate)  # type: ignore[attr-defined]
+
+    def _apply_weight_decay(self, variables: Any) -> None:
+        if not getattr(self, "weight_decay", None):
+            return
+        for variable in variables:
+            if self._use_weight_decay(variable):  # type: ignore[attr-defined]
+                lr = tf.cast(self.learning_rate, variable.dtype)  # type: ignore[attr-defined]
+                decay = tf.cast(self.weight_decay, variable.dtype)  # type: ignore[attr-defined]
+                variable.assign(variable - variable * decay * lr)
+
+
+@functools.cache
+def _tensor_rows_class(keras_class: type) -> type:
+    """The class that updates :class:`RowsState` rows: ``keras_class`` with
+    :class:`_LocalUpdates` between it and Keras's TensorFlow optimizer class."""
+    backend = next(c for c in keras_class.__mro__ if c.__name__ == "TFOptimizer")
+    local = type("LocalUpdates", (_LocalUpdates, backend), {})
+    return type(f"TensorRows{keras_class.__name__}", (_RowSlots, keras_class, local), {})
+
+
 class _SparseMixin(RowGradients):
     """Mixed into a Keras 3 optimizer class: routes wrapper gradients to
     :meth:`_apply_sparse`, the rest to the Keras optimizer."""
@@ -113,8 +143,9 @@ class _SparseMixin(RowGradients):
         inners: dict[int, Any] = self.__dict__.setdefault("_de_rows", {})
         inner = inners.get(id(wrapper))
         if inner is None:
+            kind = _tensor_rows_class if isinstance(wrapper, RowsState) else _rows_class
             with tf.init_scope():
-                inner = _rows_class(self._keras_class()).from_config(self.get_config())  # type: ignore[attr-defined]
+                inner = kind(self._keras_class()).from_config(self.get_config())  # type: ignore[attr-defined]
                 object.__setattr__(inner, "_de_slots", [])
                 inner.build([wrapper])
                 object.__setattr__(inner, "_iterations", self.iterations)  # type: ignore[attr-defined]
@@ -133,22 +164,10 @@ class _SparseMixin(RowGradients):
         ]
         old = tf.convert_to_tensor(wrapper)
         grad = tf.cast(aggregate(grad, tf.shape(wrapper.ids)[0]), old.dtype)
-        if isinstance(wrapper, RowsState):  # tensors of a step: no distributed update
-            _update_state(inner, grad, wrapper)
-        else:
-            if getattr(inner, "weight_decay", None):
-                inner._apply_weight_decay([wrapper])
-            inner._backend_update_step([grad], [wrapper], inner.learning_rate)
+        if getattr(inner, "weight_decay", None):
+            inner._apply_weight_decay([wrapper])
+        inner._backend_update_step([grad], [wrapper], inner.learning_rate)
         write_back_rows(wrapper, old, slots)
-
-
-def _update_state(inner: Any, grad: tf.Tensor, rows: RowsState) -> None:
-    """Keras 3's weight decay and update step on rows held as tensors, outside any
-    distribution strategy's update (which takes only variables)."""
-    if getattr(inner, "weight_decay", None) and inner._use_weight_decay(rows):
-        lr = tf.cast(inner.learning_rate, rows.dtype)
-        rows.assign(rows - rows * tf.cast(inner.weight_decay, rows.dtype) * lr)
-    inner.update_step(grad, rows, inner.learning_rate)
 
 
 #: The sparse mixin of the Keras ``tf.keras`` routes to.

@@ -145,8 +145,13 @@ def _save_fn(trackables: Mapping[str, Any], file_prefix: tf.Tensor) -> Any:
     tensor_names += [f"{name}/{_ID_TENSOR}" for name in names]
     tensors = [saved[i] for i in range(count)] + [saved[count]] * count
     with tf.device("CPU:0"):
-        io_ops.save_v2(file_prefix, tensor_names, [""] * len(tensor_names), tensors)
-    return file_prefix
+        written = io_ops.save_v2(file_prefix, tensor_names, [""] * len(tensor_names), tensors)
+    if tf.executing_eagerly():
+        return file_prefix
+    # in a graph (TF saves through a tf.function when the variables span devices, as under
+    # ParameterServerStrategy), MergeV2Checkpoints must wait for this bundle
+    with tf.control_dependencies([written]):
+        return tf.identity(file_prefix)
 
 
 def _tf_prefix(file_prefix: tf.Tensor) -> str:

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import de_store as ds
+from de_store import embedding
 
 IDS = np.array([[3, 7], [3, -2], [7, 3]], np.int64)  # unique ids in order: 3, 7, -2
 POSITIONS = [[0, 1], [0, 2], [1, 0]]
@@ -154,3 +155,50 @@ def test_minimize_takes_a_callable_loss_and_a_callable_var_list() -> None:
     expected = dense_reference(keras.optimizers.SGD(0.1), steps=1)
     np.testing.assert_allclose(var.lookup([3, 7, -2]).numpy(), expected, rtol=1e-6)
     assert int(optimizer.iterations) == 1
+
+
+@pytest.fixture
+def rows_as_on_parameter_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lookups give BatchRows, as for tables on parameter-server tasks, here on local
+    tables: the update of rows held as tensors of the step, without a cluster
+    (tests/distribute/test_ps_tfra.py runs it on one)."""
+    monkeypatch.setattr(embedding, "on_parameter_servers", lambda params: True)
+
+
+@pytest.mark.parametrize(
+    ("kind", "nested"),
+    [(kind, False) for kind in sorted(KERAS)] + [(k, True) for k in ("adamw", "nadam")],
+    ids=lambda x: {False: "flat", True: "nested tf.function"}.get(x, x),
+)
+def test_every_keras_optimizer_updates_rows_held_as_tensors_as_on_a_dense_variable(
+    kind: str, nested: bool, rows_as_on_parameter_servers: None
+) -> None:
+    var = seeded(f"tensor_rows_{kind}_{nested}")
+    optimizer = ds.DynamicEmbeddingOptimizer(KERAS[kind]())
+    wrapper = embedding.trainable_wrapper(var)  # embedding_lookup's, as TFRA returns it
+    assert isinstance(wrapper, embedding.BatchRows)
+
+    def lookup(ids: tf.Tensor) -> tf.Tensor:
+        return ds.embedding_lookup(var, ids)
+
+    @tf.function
+    def step(ids: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:  # a nested function: a Keras call in a tf.function
+            loss = loss_of((tf.function(lookup) if nested else lookup)(ids))
+        optimizer.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+
+    for _ in range(3):
+        step(tf.constant(IDS))
+    expected = dense_reference(KERAS[kind](), steps=3)
+    np.testing.assert_allclose(var.lookup([3, 7, -2]).numpy(), expected, rtol=2e-5, atol=1e-6)
+    np.testing.assert_array_equal(var.lookup([100]).numpy(), [[9.0, 9.0]])  # not looked up
+    assert int(optimizer.iterations) == 3
+
+
+def test_a_compat_v1_optimizer_refuses_rows_held_as_tensors_naming_the_variable(
+    rows_as_on_parameter_servers: None,
+) -> None:
+    var = seeded("tensor_rows_v1")
+    with pytest.raises(ds.errors.VariableError, match="'tensor_rows_v1': its tables live on"):
+        train(var, ds.DynamicEmbeddingOptimizer(V1["adam"]()), steps=1, compiled=False)
+    np.testing.assert_array_equal(var.lookup([3, 7, -2]).numpy(), START)

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import de_store as ds
+from de_store import embedding
 
 keras = tf.keras  # tf_keras: tests/keras2/conftest.py stops a run where it is not
 
@@ -224,3 +225,40 @@ def test_the_optimizer_is_extended_in_place_as_tfra_does(family: str) -> None:
     adam.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
     assert sorted(var.companions()) == ["adam_m", "adam_v"]
     assert not np.array_equal(var.lookup([3, 7]).numpy(), START[:2])
+
+
+@pytest.fixture
+def rows_as_on_parameter_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lookups give BatchRows, as for tables on parameter-server tasks, here on local
+    tables (tests/distribute/test_ps_tfra.py runs them on a cluster)."""
+    monkeypatch.setattr(embedding, "on_parameter_servers", lambda params: True)
+
+
+TENSOR_CASES = [("current", kind) for kind in sorted(COMPILED)] + [
+    ("legacy", kind) for kind in ("adagrad", "adam", "sgd_momentum")
+]
+
+
+@pytest.mark.parametrize(("family", "kind"), TENSOR_CASES)
+def test_rows_held_as_tensors_are_updated_as_on_a_dense_variable(
+    family: str, kind: str, rows_as_on_parameter_servers: None
+) -> None:
+    """Current optimizers run their own update step on the tensors; legacy SGD, Adagrad
+    and Adam the rules of their fused kernels."""
+    var = seeded(f"keras2_tensor_rows_{family}_{kind}")
+    optimizer = ds.DynamicEmbeddingOptimizer(make(family, kind))
+    train(var, optimizer, compiled=True)
+    expected = dense_reference(make(family, kind))
+    np.testing.assert_allclose(var.lookup(KEYS).numpy(), expected, rtol=2e-5, atol=1e-6)
+    assert int(optimizer.iterations) == len(BATCHES)
+    if (family, kind) in COLUMNS:
+        assert sorted(var.companions()) == COLUMNS[family, kind]
+
+
+def test_a_legacy_optimizer_without_a_tensor_rule_refuses_naming_the_variable(
+    rows_as_on_parameter_servers: None,
+) -> None:
+    var = seeded("keras2_tensor_rows_rmsprop")
+    with pytest.raises(ds.errors.VariableError, match="'keras2_tensor_rows_rmsprop': its tables"):
+        train(var, ds.DynamicEmbeddingOptimizer(make("legacy", "rmsprop_centered")), False)
+    np.testing.assert_array_equal(var.lookup(KEYS[:2]).numpy(), START[:2])
