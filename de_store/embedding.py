@@ -212,9 +212,10 @@ def trainable_wrapper(params: Variable, name: str = "lookup") -> TrainableWrappe
     return wrapper  # type: ignore[no-any-return]
 
 
-def wrapper_of(variable: Any) -> TrainableWrapper | BatchRows | RowsState | None:
+def wrapper_of(variable: Any) -> Any:
     """``variable`` if it holds batch rows (a :class:`TrainableWrapper`, :class:`BatchRows`
-    or the :class:`RowsState` of one), else ``None``."""
+    or the :class:`RowsState` of one), else ``None``. The first and the last share what
+    the optimizers use: ``params``, ``ids``, ``existed`` and the rows as their value."""
     return variable if isinstance(variable, (TrainableWrapper, BatchRows, RowsState)) else None
 
 
