@@ -467,8 +467,10 @@ class Variable(tf.Module):
         (optimizer slots), grows once for its share.
 
         Tables on parameter servers keep fixed shapes and grow only outside steps (see
-        ``HashTable`` *Fixed shapes*): call it between steps (after the coordinator's
-        ``join``) when a step reports that a table has no room.
+        ``HashTable`` *Fixed shapes*). Under a ``ClusterCoordinator`` the chief grows them
+        between the steps it schedules (``de_store.tables._ps_growth``); ``reserve``
+        sizes them ahead, for keys that are known to come (with no step in flight: call
+        it before scheduling, or after the coordinator's ``join``).
         """
         if not tf.executing_eagerly():
             raise VariableError(

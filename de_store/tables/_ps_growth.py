@@ -2,32 +2,42 @@
 ``ClusterCoordinator`` schedules.
 
 A fixed-shape table (a table on a parameter server) can only grow eagerly, on the chief,
-while no step runs (see *Fixed shapes* in :mod:`.hash_table`), and a step that brings
-more new keys than it has room for fails. When the first such table is created,
-:func:`install` wraps ``ClusterCoordinator.schedule`` (the class's method, once per
-process: ``model.fit`` schedules through it too) so that, before a step is handed to
-the coordinator, the tables it writes are known to have room for it and for every step
-queued or running:
+while no step runs (see *Fixed shapes* in :mod:`.hash_table`), and a call inside a step
+that brings more new keys than the table has room for fails before it writes. When the
+first such table is created, :func:`install` wraps ``ClusterCoordinator.schedule`` (the
+class's method, once per process; ``model.fit`` schedules through it too). Before a step
+is handed to the coordinator, the wrapper makes sure that every table the step writes has
+room for it on top of the room promised to the steps queued or running:
 
-- what a step may ask of each table comes from its traced graph (:mod:`._demand`): the
-  static bound of the keys its calls pass when the graph gives one (ids of a static
-  batch size), else ``OBSERVED_MARGIN`` times what the steps before it passed (the
-  most keys one call passed, times the calls; or the mean a step, if more), counted on
-  the table's device by the calls themselves;
-- the room the tables have is read from the tables (:func:`._fixed.read_loads`, one call
-  per PS task), and only when the room promised to the steps since the last reading
-  (those in flight then counted at the most a step has asked) could run out;
-- when the room could run out: if the tables have room for ``WINDOW_STEPS`` steps of the
-  most a step asks, the chief waits for steps in flight to finish (they hold the room);
-  otherwise it waits for every step in flight (``coordinator.join()``), grows each table
-  and companion table that is short, to double the keys it holds and at least
-  ``WINDOW_STEPS`` steps' room, then schedules;
-- a step that may write a table no step has written yet, with no static bound, runs
-  alone (after the steps before it, and before the steps after it): its demand is then
-  known for the next ones.
+- *What a step asks*, per table, comes from its traced graph (:mod:`._demand`): the
+  calls that add keys (or log removals) and a bound of the keys they pass together,
+  static (ids drawn in the step, a dataset batched with ``drop_remainder=True``) or in
+  terms of the step's tensor arguments, whose sizes are known when it is scheduled.
+  Without such a bound (a batch of unknown size from an iterator, a loop in the step, a
+  call in a nested ``tf.function``) the step is asked ``OBSERVED_MARGIN`` times what the
+  steps before passed: the most keys one call passed times the calls, or the mean a
+  step passed if more (the calls count their keys on the table's device).
+- *The room* is read from the tables (:func:`._fixed.read_loads`: one call per PS task)
+  only when the room promised since the last reading could run out. The steps in flight
+  then are each counted at the most a step has asked, so a step that is queued, running
+  or partly done holds its room until the next reading after it finished.
+- *When the room could run out*: if a table has room for ``WINDOW_STEPS`` steps of the
+  most a step asks, the chief waits until half the steps in flight have finished. If
+  not, it waits for every step in flight (``coordinator.join()``), grows each table with
+  less than ``GROW_AHEAD`` such windows of room, companion (optimizer slot) tables
+  included, to the keys it holds plus a window (twice its keys, at least), then
+  schedules. With no step in flight (the first steps) it grows at once.
+- *A step of unknown demand* on a table no step has passed keys to runs alone: after the
+  steps before it, and before the steps after it, which are then bounded by what it
+  passed.
 
-A coordinator whose steps write no fixed-shape table schedules as before. The waits and
-growths are logged under ``de_store`` (a growth at INFO, with its time).
+What is guaranteed: a step whose keys have a bound before it runs never finds a table
+short of room, whatever its keys. A step with an observed bound finds room for up to
+``OBSERVED_MARGIN`` times what the steps before it passed; one that passes more can still
+fail at its first call without room (that call writes nothing; the step's calls before it
+have written), and the first step of its function must fit the room the tables have
+(``init_size`` at the start). A coordinator whose steps write no fixed-shape table
+schedules as before. Growths are logged under ``de_store`` at INFO, with their time.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import math
 import threading
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,10 +65,12 @@ log = logging.getLogger("de_store")
 #: (and for as many keys more as the table holds), so that steps go on without growing
 #: again soon; while the tables have that room, a shortage is waited out instead.
 WINDOW_STEPS = 8
+#: A growth also grows the tables with less room than this many windows (see ``_grow``).
+GROW_AHEAD = 2
 #: A bound observed from the steps before (no static bound) is taken this many times over.
 OBSERVED_MARGIN = 2
-#: Seconds between looks at the coordinator's queue while steps in flight finish.
-POLL_S = 0.001
+#: Seconds between looks at the coordinator's queue while steps in flight finish, at most.
+POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -89,7 +102,9 @@ def install() -> None:
         @functools.wraps(original)
         def schedule(self: Any, fn: Any, args: Any = None, kwargs: Any = None) -> Any:
             with _install_lock:
-                keeper = _keepers.setdefault(self, Keeper())
+                keeper = _keepers.get(self)
+                if keeper is None:
+                    keeper = _keepers[self] = Keeper()
             return keeper.schedule(self, fn, args, kwargs)
 
         _schedule = original
@@ -112,6 +127,7 @@ class Keeper:
         self._finished = 0  # of those, finished at the last reading
         self._in_flight = 0  # queued or running at the last reading
         self._fresh = False  # no step was scheduled since the last reading
+        self._unfinished: deque[threading.Event] = deque()  # of the steps scheduled here
 
     def schedule(self, coordinator: Any, fn: Any, args: Any, kwargs: Any) -> Any:
         """``coordinator.schedule(fn, args, kwargs)``, after making sure the tables the
@@ -227,6 +243,10 @@ class Keeper:
         result = _schedule(coordinator, fn, args=args, kwargs=kwargs)
         self._scheduled += 1
         self._fresh = False
+        finished = getattr(result, "_status_available_event", None)  # set when it ends
+        if isinstance(finished, threading.Event):
+            self._forget_finished()
+            self._unfinished.append(finished)
         return result
 
     def _refresh(self, coordinator: Any) -> None:
@@ -241,26 +261,39 @@ class Keeper:
         )
         self._fresh = True
 
-    def _grow(self, coordinator: Any, short: dict[Growth, tuple[int, int]]) -> None:
-        """Wait for every step in flight, then grow the tables still short of room."""
+    def _grow(self, coordinator: Any, asks: dict[Growth, tuple[int, int]]) -> None:
+        """Wait for every step in flight, then grow each table with less room than
+        ``GROW_AHEAD`` windows of steps (``asks``: what the step being scheduled asks):
+        those short now, and those that would be soon (one growth, which instantiates the
+        steps again on the workers, instead of two)."""
         started = time.perf_counter()
         coordinator.join()
         waited = _since(started)
         self._refresh(coordinator)
-        for table, ask in short.items():
-            load = self._loads[table]
+        for table, load in list(self._loads.items()):
+            ask = asks.get(table, (0, 0))
             windows = [self._window(table, ask, k) for k in _demand.KINDS]
             counts = [
-                load.used[k] + windows[k] if load.free[k] < windows[k] else 0 for k in _demand.KINDS
+                load.used[k] + windows[k] if load.free[k] < GROW_AHEAD * windows[k] else 0
+                for k in _demand.KINDS
             ]
             if any(counts):
                 _grow_table(table, load, counts, waited)
         self._refresh(coordinator)
 
-    @staticmethod
-    def _wait_for_steps(coordinator: Any, at_most: int) -> None:
+    def _wait_for_steps(self, coordinator: Any, at_most: int) -> None:
+        """Wait until at most ``at_most`` steps are in flight: on the oldest unfinished
+        step this keeper scheduled (a timed wait: steps scheduled otherwise count too)."""
         while _in_flight(coordinator) > at_most:
-            time.sleep(POLL_S)
+            self._forget_finished()
+            if self._unfinished:
+                self._unfinished[0].wait(POLL_S)
+            else:
+                time.sleep(POLL_S)
+
+    def _forget_finished(self) -> None:
+        while self._unfinished and self._unfinished[0].is_set():
+            self._unfinished.popleft()
 
 
 def _grow_table(table: Growth, load: Load, counts: list[int], waited: float) -> None:
