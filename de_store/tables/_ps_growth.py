@@ -21,12 +21,13 @@ room for it on top of the room promised to the steps queued or running:
   only when the room promised since the last reading could run out. The steps in flight
   then are each counted at the most a step has asked, so a step that is queued, running
   or partly done holds its room until the next reading after it finished.
-- *When the room could run out*: if a table has room for ``WINDOW_STEPS`` steps of the
-  most a step asks, the chief waits until half the steps in flight have finished. If
-  not, it waits for every step in flight (``coordinator.join()``), grows each table with
-  less than ``GROW_AHEAD`` such windows of room, companion (optimizer slot) tables
-  included, to the keys it holds plus a window (twice its keys, at least), then
-  schedules. With no step in flight (the first steps) it grows at once.
+- *When the room could run out*: if each table has room for the step and one step of
+  the most a step asks on each worker, the chief waits until half the steps in flight
+  have finished. If not, it waits for every step in flight (``coordinator.join()``),
+  grows each table with less room than ``WINDOW_STEPS`` steps of the most asked (two a
+  worker if more), companion (optimizer slot) tables included, to the keys it holds
+  plus that window (twice its keys, at least), then schedules. With no step in flight
+  (the first steps) it grows at once.
 - *A step of unknown demand* on a table no step has passed keys to runs alone: after the
   steps before it, and before the steps after it, which are then bounded by what it
   passed.
@@ -62,11 +63,9 @@ from de_store.tables._fixed import UNLIMITED, Growth, Load, read_loads
 log = logging.getLogger("de_store")
 
 #: A growth leaves room for at least this many steps of the most a step asks of the table
-#: (and for as many keys more as the table holds), so that steps go on without growing
-#: again soon; while the tables have that room, a shortage is waited out instead.
+#: (two a worker if more), and for as many keys more as the table holds, so that steps
+#: go on without growing again soon.
 WINDOW_STEPS = 8
-#: A growth also grows the tables with less room than this many windows (see ``_grow``).
-GROW_AHEAD = 2
 #: A bound observed from the steps before (no static bound) is taken this many times over.
 OBSERVED_MARGIN = 2
 #: Seconds between looks at the coordinator's queue while steps in flight finish, at most.
@@ -149,7 +148,7 @@ class Keeper:
         yet; then promise it its room (tables in ``skip`` excepted)."""
         while True:
             asks = {t: self._ask(s, self._loads[t]) for t, s in plan.items() if t not in skip}
-            short = {t: ask for t, ask in asks.items() if self._short(t, ask)}
+            short = {t: ask for t, ask in asks.items() if self._short(t, ask, coordinator)}
             idle = self._fresh and not self._in_flight
             if short and idle:  # nothing to wait for: grow now rather than later
                 self._grow(coordinator, short)
@@ -183,14 +182,16 @@ class Keeper:
         promised, free = self._promised.get(table, [0, 0]), self._loads[table].free
         return all(promised[k] + ask[k] <= free[k] for k in _demand.KINDS)
 
-    def _short(self, table: Growth, ask: tuple[int, int]) -> bool:
-        """Whether ``table`` lacks room for ``WINDOW_STEPS`` steps of the most asked."""
-        free = self._loads[table].free
-        return any(free[k] < self._window(table, ask, k) for k in _demand.KINDS)
+    def _short(self, table: Growth, ask: tuple[int, int], coordinator: Any) -> bool:
+        """Whether ``table`` lacks room for this step and one step of the most asked on
+        each worker: waiting for steps in flight would leave workers idle."""
+        free, workers = self._loads[table].free, _workers(coordinator)
+        return any(free[k] < self._steps(table, ask, k, workers) for k in _demand.KINDS)
 
-    def _window(self, table: Growth, ask: tuple[int, int], kind: int) -> int:
+    def _steps(self, table: Growth, ask: tuple[int, int], kind: int, count: int) -> int:
+        """Room for this step's ``ask`` and ``count`` steps of the most asked."""
         largest = self._largest.get(table, [0, 0])[kind]
-        return ask[kind] + WINDOW_STEPS * max(largest, ask[kind])
+        return ask[kind] + count * max(largest, ask[kind])
 
     def _promise(self, table: Growth, ask: tuple[int, int]) -> None:
         promised = self._promised.setdefault(table, [0, 0])
@@ -262,20 +263,21 @@ class Keeper:
         self._fresh = True
 
     def _grow(self, coordinator: Any, asks: dict[Growth, tuple[int, int]]) -> None:
-        """Wait for every step in flight, then grow each table with less room than
-        ``GROW_AHEAD`` windows of steps (``asks``: what the step being scheduled asks):
+        """Wait for every step in flight, then grow each table with less room than a
+        window of ``WINDOW_STEPS`` steps, or two a worker if more (``asks``: what the
+        step being scheduled asks):
         those short now, and those that would be soon (one growth, which instantiates the
-        steps again on the workers, instead of two)."""
+        steps again on the workers, instead of two), to the keys each holds plus a window."""
         started = time.perf_counter()
         coordinator.join()
         waited = _since(started)
         self._refresh(coordinator)
+        steps = max(WINDOW_STEPS, 2 * _workers(coordinator))  # more than a worker each
         for table, load in list(self._loads.items()):
             ask = asks.get(table, (0, 0))
-            windows = [self._window(table, ask, k) for k in _demand.KINDS]
+            windows = [self._steps(table, ask, k, steps) for k in _demand.KINDS]
             counts = [
-                load.used[k] + windows[k] if load.free[k] < GROW_AHEAD * windows[k] else 0
-                for k in _demand.KINDS
+                load.used[k] + windows[k] if load.free[k] < windows[k] else 0 for k in _demand.KINDS
             ]
             if any(counts):
                 _grow_table(table, load, counts, waited)
@@ -375,6 +377,11 @@ def _elements(value: Any) -> int | None:
     shape = getattr(value, "shape", None)
     known = shape.num_elements() if isinstance(value, tf.Tensor) and shape is not None else None
     return None if known is None else int(known)
+
+
+def _workers(coordinator: Any) -> int:
+    """The coordinator's workers: how many steps run at once."""
+    return max(len(getattr(coordinator._cluster, "workers", ())), 1)
 
 
 def _in_flight(coordinator: Any) -> int:
