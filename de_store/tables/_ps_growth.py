@@ -53,6 +53,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute.coordinator import cluster_coordinator
 from tensorflow.python.util import nest
@@ -374,8 +375,10 @@ def _argument_sizes(concrete: Any, args: Any, kwargs: Any) -> dict[str, int | No
 
 
 def _elements(value: Any) -> int | None:
-    shape = getattr(value, "shape", None)
-    known = shape.num_elements() if isinstance(value, tf.Tensor) and shape is not None else None
+    """The elements of a tensor or array argument (None: another kind of value)."""
+    if isinstance(value, np.ndarray):
+        return int(value.size)
+    known = value.shape.num_elements() if isinstance(value, tf.Tensor) else None
     return None if known is None else int(known)
 
 

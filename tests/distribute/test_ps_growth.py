@@ -207,7 +207,8 @@ def test_steps_are_bounded_by_the_size_of_their_batch_argument(hooked, caplog):
     starts = np.concatenate([[0], np.cumsum(sizes)])
     with caplog.at_level("INFO", logger="de_store"):
         for start, size in zip(starts, sizes, strict=False):
-            schedule(step, tf.range(start, start + size, dtype=tf.int64))
+            keys = np.arange(start, start + size, dtype=np.int64)  # an array or a tensor
+            schedule(step, keys if start % 2 else tf.constant(keys))
         coordinator.join()
     assert int(table.size()) == int(sizes.sum())
     assert "runs alone" not in caplog.text  # each step's bound is its argument's size
