@@ -13,6 +13,9 @@ Two kinds of program, each run under both libraries with ``TF_USE_LEGACY_KERAS=1
   last training loss and AUC or accuracy, the test's accuracy) are shown side by side. The
   demos draw their embeddings and dense weights from unseeded initializers, so two runs of
   one library differ too: their figures are compared as a user would, not digit by digit.
+* **TFRA's parameter-server demo** ``movielens-1m-keras-ps``, started as its ``start.sh``
+  starts it (2 PS tasks, 1 and then 2 workers, the chief training with tf_keras
+  ``model.fit`` under ``ParameterServerStrategy``), import swapped likewise.
 * **Idioms** (``benchmarks/_tfra_idioms.py``): small TFRA programs with fixed data and
   constant initializers, each returning arrays, compared value by value (``np.allclose``,
   ``rtol=1e-5``, ``atol=1e-6``: TensorFlow 2.16 and 2.21 may round differently).
@@ -43,6 +46,8 @@ import time
 from typing import Any
 
 import numpy as np
+
+from de_store.testing.servers import free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = ("tfra", "de_store")
@@ -148,6 +153,49 @@ def run_demos(args: argparse.Namespace, pythons: dict[str, str]) -> dict[str, An
     return results
 
 
+PS_DEMO = "movielens-1m-keras-ps"
+
+
+def run_ps_demo(python: str, folder: str, workers: int, log: str) -> dict[str, Any]:
+    """TFRA's parameter-server demo as its ``start.sh`` starts it: 2 PS tasks and
+    ``workers`` workers in the background, then the chief, which trains 2 epochs of 10
+    steps with ``model.fit``; every task a process on a free 127.0.0.1 port."""
+    ports = [f"127.0.0.1:{port}" for port in free_ports(3 + workers)]
+    flags = [f"--ps_list={','.join(ports[1:3])}", f"--worker_list={','.join(ports[3:])}"]
+    flags += [f"--chief={ports[0]}"]
+    command = [python, f"{PS_DEMO}.py", *flags]
+    tasks = [("ps", i) for i in range(2)] + [("worker", i) for i in range(workers)]
+    servers = [
+        subprocess.Popen(
+            [*command, f"--task_mode={job}", f"--task_id={task}"],
+            cwd=folder,
+            env=environment(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for job, task in tasks
+    ]
+    try:
+        return run_demo(python, folder, [*command[1:], "--task_mode=chief"], log)
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+
+
+def run_ps_demos(args: argparse.Namespace, pythons: dict[str, str]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for side in SIDES:
+        folder = copy_demo(args.tfra_repo, PS_DEMO, side, args.workdir)
+        for workers in (1, 2):
+            name = f"train, {workers} worker{'s' if workers > 1 else ''}"
+            log = os.path.join(args.workdir, f"{side}-{PS_DEMO}-{workers}.log")
+            result = run_ps_demo(pythons[side], folder, workers, log)
+            results.setdefault(f"{PS_DEMO} {name}", {})[side] = result
+            print(f"{PS_DEMO:32s} {name:19s} {side:9s} {describe(result)}", flush=True)
+    return results
+
+
 def describe(result: dict[str, Any]) -> str:
     if result["rc"]:
         return f"FAILED rc={result['rc']} in {result['seconds']} s: {result['error']}"
@@ -211,15 +259,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="training steps of each demo")
     parser.add_argument("--test-steps", type=int, default=20)
     parser.add_argument("--workdir", default=None, help="default: a new temporary folder")
-    parser.add_argument("--no-demos", action="store_true")
-    parser.add_argument("--no-idioms", action="store_true")
+    parser.add_argument(
+        "--parts", default="demos,ps-demo,idioms", help="what to run, comma separated"
+    )
     args = parser.parse_args()
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="tfra_programs_")
     os.makedirs(args.workdir, exist_ok=True)
     pythons = {"tfra": args.tfra_python, "de_store": args.de_store_python}
     print(f"work folder: {args.workdir}")
-    demos = {} if args.no_demos else run_demos(args, pythons)
-    idioms = {} if args.no_idioms else run_idioms(args, pythons)
+    parts = args.parts.split(",")
+    demos = run_demos(args, pythons) if "demos" in parts else {}
+    demos |= run_ps_demos(args, pythons) if "ps-demo" in parts else {}
+    idioms = run_idioms(args, pythons) if "idioms" in parts else {}
     for name, verdict in idioms.items():
         detail = verdict.get("error", verdict.get("max_abs_diff", ""))
         print(f"idiom {name:40s} {verdict['verdict']:14s} {detail}")

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_keras_2_tests_pass_in_their_own_process() -> None:
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/keras2"]
+    # one process: this test runs beside the rest of the suite (pytest addopts: -n 2)
+    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+               "tests/keras2"]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=900)  # fmt: skip
     output = result.stdout[-8000:] + result.stderr[-4000:]

@@ -111,6 +111,28 @@ def grow_between_steps(coordinator: object, emb: ds.Variable, step: object) -> d
     }
 
 
+def tfra_idiom(strategy: tf.distribute.Strategy, coordinator: object) -> dict:
+    """TFRA's training idiom under Keras 3 on every worker: ``embedding_lookup(...,
+    return_trainable=True)``, ``tape.gradient`` on the wrapper,
+    ``DynamicEmbeddingOptimizer(keras.optimizers.Adam)``; and the error the step of a
+    ``tf.compat.v1`` optimizer raises (tests/distribute/ps_tfra_chief.py)."""
+    import ps_tfra_chief as tfra
+
+    devices = [f"/job:ps/task:{i}" for i in range(strategy.extended._num_ps)]
+    with strategy.scope():
+        emb = tfra.variables(["adam"], devices, "tfra_")[0]
+        optimizer = ds.DynamicEmbeddingOptimizer(tfra.optimizers()["adam"]())
+    step = tfra.make_step([(emb, optimizer)])
+    losses = [coordinator.schedule(step, args=(tf.constant(i, tf.int64),)) for i in range(12)]
+    coordinator.join()
+    return {
+        "losses": [float(loss.fetch()[0]) for loss in losses],
+        "size": int(emb.size()),
+        "slots": sorted(emb.companions()),
+        "refused": tfra.refusals(strategy, coordinator, devices),
+    }
+
+
 def main() -> None:
     mode, directory, out = sys.argv[1:4]
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -131,6 +153,7 @@ def main() -> None:
         saved = manager.save()
         result = report(emb, losses=[float(x.fetch()) for x in losses], saved=saved)
         result.update(grow_between_steps(coordinator, emb, step))
+        result["tfra"] = tfra_idiom(strategy, coordinator)
     else:
         checkpoint = tf.train.Checkpoint(emb=emb)
         checkpoint.restore(tf.train.latest_checkpoint(directory)).expect_partial()

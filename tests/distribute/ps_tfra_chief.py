@@ -11,7 +11,8 @@ same steps then run in this process on Variables of its own (no PS), one after a
 OUT gets, per optimizer, both tables and the losses; and for each optimizer that cannot
 train tables on parameter servers, the error its step raised.
 
-``ps_tfra_chief.py fit OUT CKPT_DIR STEPS``: tf_keras ``model.fit`` in the shape of TFRA's
+``ps_tfra_chief.py fit OUT CKPT_DIR STEPS`` (or ``loop+fit`` with both modes' arguments,
+in one process): tf_keras ``model.fit`` in the shape of TFRA's
 movielens-1m-keras-ps demo (``SquashedEmbedding(devices=ps_devices)`` layers, a ``call``
 decorated with ``tf.function``, ``DynamicEmbeddingOptimizer(tf.keras.optimizers.legacy.Adam)``,
 ``ModelCheckpoint``), then the tables. ``ps_tfra_chief.py restore OUT CKPT_DIR``: the
@@ -98,10 +99,21 @@ def variables(names: list[str], devices: list[str] | None, prefix: str) -> list[
     ]
 
 
+def cluster_strategy() -> Any:
+    """The process's one ParameterServerStrategy (with its coordinator)."""
+    global _STRATEGY
+    if _STRATEGY is None:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        _STRATEGY = tf.distribute.ParameterServerStrategy(resolver)
+        tf.distribute.coordinator.ClusterCoordinator(_STRATEGY)
+    return _STRATEGY
+
+
+_STRATEGY: Any = None
+
+
 def loop(out: str, steps: int, names: list[str]) -> None:
-    strategy = tf.distribute.ParameterServerStrategy(
-        tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    )
+    strategy = cluster_strategy()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     devices = [f"/job:ps/task:{i}" for i in range(strategy.extended._num_ps)]
     with strategy.scope():
@@ -195,9 +207,7 @@ def tables(model: DualChannels) -> dict[str, Any]:
 
 
 def ps_model() -> tuple[Any, DualChannels]:
-    strategy = tf.distribute.ParameterServerStrategy(
-        tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    )
+    strategy = cluster_strategy()
     devices = [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(strategy._num_ps)]
     with strategy.scope():
         model = DualChannels(devices)
@@ -234,6 +244,9 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "loop":
         loop(sys.argv[2], int(sys.argv[3]), sys.argv[4].split(","))
+    elif mode == "loop+fit":  # one process, one strategy: the loop, then fit
+        loop(sys.argv[2], int(sys.argv[3]), sys.argv[4].split(","))
+        fit(sys.argv[5], sys.argv[6], int(sys.argv[7]))
     elif mode == "fit":
         fit(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:

@@ -91,6 +91,19 @@ def _single_process_losses() -> list[float]:
     return [float(step(tf.constant(i, tf.int64))) for i in range(STEPS)]
 
 
+def test_tfras_idiom_trains_on_two_workers_and_a_v1_optimizer_is_refused(trained):
+    """Keras 3 Adam through DynamicEmbeddingOptimizer: no worker aborts, the loss falls
+    (tests/distribute/test_ps_tfra.py compares one worker's tables with one process's)."""
+    report = trained[0]["tfra"]
+    assert report["size"] > 150 and report["slots"] == ["adam_m", "adam_v"]
+    assert np.mean(report["losses"][-3:]) < np.mean(report["losses"][:3])
+    assert list(report["refused"]) == ["v1_adam"]
+    assert (
+        "VariableError: variable 'refused_v1_adam': its tables live on parameter servers"
+        in (report["refused"]["v1_adam"])
+    )
+
+
 def test_the_checkpoint_restores_into_three_ps_tasks(trained, tmp_path):
     report, directory = trained
     spec = cluster.cluster_spec(chief=1, worker=1, ps=3)
