@@ -30,7 +30,14 @@ from tensorflow.python.saved_model import save_context
 
 from de_store._keras import keras
 from de_store._row_rules import LEGACY_RULES, RowGradients, apply_rule_to_rows
-from de_store._slots import aggregate, load_slot, row_slot_variable, slot_column, write_back_rows
+from de_store._slots import (
+    aggregate,
+    decay_weight,
+    load_slot,
+    row_slot_variable,
+    slot_column,
+    write_back_rows,
+)
 from de_store.embedding import BatchRows, RowsState, TrainableWrapper, wrapper_of
 from de_store.errors import VariableError
 
@@ -148,9 +155,7 @@ class Keras2Sparse(RowGradients):
         old = tf.convert_to_tensor(wrapper)
         grad = tf.cast(aggregate(grad, tf.shape(wrapper.ids)[0]), old.dtype)
         if isinstance(wrapper, RowsState):  # outside any distribution strategy's update
-            if inner.weight_decay is not None and inner._use_weight_decay(wrapper):
-                lr = tf.cast(inner.learning_rate, wrapper.dtype)
-                wrapper.assign_sub(wrapper * tf.cast(inner.weight_decay, wrapper.dtype) * lr)
+            decay_weight(inner, wrapper)
         else:
             inner._apply_weight_decay([wrapper])
         inner.update_step(grad, wrapper)

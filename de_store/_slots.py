@@ -113,6 +113,16 @@ tf.register_tensor_conversion_function(
 )
 
 
+def decay_weight(optimizer: Any, variable: Any) -> None:
+    """The decoupled weight decay of a Keras optimizer (``weight_decay``; Keras 3's and
+    tf_keras's alike) on ``variable`` in place, outside any distribution strategy's update:
+    ``variable -= variable * weight_decay * learning_rate``."""
+    if not getattr(optimizer, "weight_decay", None) or not optimizer._use_weight_decay(variable):
+        return
+    lr = tf.cast(optimizer.learning_rate, variable.dtype)
+    variable.assign_sub(variable * tf.cast(optimizer.weight_decay, variable.dtype) * lr)
+
+
 def row_slot_variable(wrapper: Any, slot: str) -> Any:
     """A slot variable for ``wrapper``'s batch rows: ``[None, dim]``, as a wrapper's row
     count changes with every batch (an optimizer would make it the wrapper's shape); a

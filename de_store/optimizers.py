@@ -31,6 +31,7 @@ from de_store._keras import is_keras_2, keras
 from de_store._row_rules import RowGradients
 from de_store._slots import (
     aggregate,
+    decay_weight,
     load_slot,
     row_slot_variable,
     slot_column,
@@ -79,13 +80,8 @@ class _LocalUpdates:
             self.update_step(grad, variable, learning_rate)  # type: ignore[attr-defined]
 
     def _apply_weight_decay(self, variables: Any) -> None:
-        if not getattr(self, "weight_decay", None):
-            return
         for variable in variables:
-            if self._use_weight_decay(variable):  # type: ignore[attr-defined]
-                lr = tf.cast(self.learning_rate, variable.dtype)  # type: ignore[attr-defined]
-                decay = tf.cast(self.weight_decay, variable.dtype)  # type: ignore[attr-defined]
-                variable.assign(variable - variable * decay * lr)
+            decay_weight(self, variable)
 
 
 @functools.cache
