@@ -30,15 +30,18 @@ room for it on top of the room promised to the steps queued or running:
   (the first steps) it grows at once.
 - *A step of unknown demand* on a table no step has passed keys to runs alone: after the
   steps before it, and before the steps after it, which are then bounded by what it
-  passed.
+  passed. Before it runs, each such table is given room for ``FIRST_STEP_ROOM`` more
+  keys, as TFRA's tables start with, whatever ``init_size`` said.
 
 What is guaranteed: a step whose keys have a bound before it runs never finds a table
 short of room, whatever its keys. A step with an observed bound finds room for up to
-``OBSERVED_MARGIN`` times what the steps before it passed; one that passes more can still
-fail at its first call without room (that call writes nothing; the step's calls before it
-have written), and the first step of its function must fit the room the tables have
-(``init_size`` at the start). A coordinator whose steps write no fixed-shape table
-schedules as before. Growths are logged under ``de_store`` at INFO, with their time.
+``OBSERVED_MARGIN`` times what the steps before it passed, and the first such step for
+up to ``FIRST_STEP_ROOM`` new keys a table. A step that passes more than that fails at
+its first call without room, which writes nothing (the step's calls before it have
+written). ``model.fit`` and a loop over a batched dataset pass at most a batch of keys a
+step, which their first step shows unless it is a short batch. A coordinator whose steps
+write no fixed-shape table schedules as before. Growths are logged under ``de_store`` at
+INFO, with their time.
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ WINDOW_STEPS = 8
 OBSERVED_MARGIN = 2
 #: Seconds between looks at the coordinator's queue while steps in flight finish, at most.
 POLL_S = 0.05
+#: Before the first step of unknown demand runs alone, each table it writes without a
+#: bound is given room for at least this many more keys (and removals): TFRA's tables
+#: start with room for 8,192 keys, whatever ``init_size``.
+FIRST_STEP_ROOM = 8192
 
 
 @dataclass(frozen=True)
@@ -230,6 +237,7 @@ class Keeper:
         in flight, and wait for it: what it passed bounds the steps after it."""
         coordinator.join()
         self._refresh(coordinator)
+        self._make_first_room(plan, first)
         self._admit(coordinator, plan, skip=first)
         names = ", ".join(sorted(t.table.table_name for t in first))
         log.info("the first step writing %s without a static bound runs alone", names)
@@ -239,6 +247,21 @@ class Keeper:
         if key is not None:
             self._probed.setdefault(key, weakref.WeakSet()).update(first)
         return result
+
+    def _make_first_room(self, plan: dict[Growth, Need], first: list[Growth]) -> None:
+        """Grow each table of ``first`` to room for ``FIRST_STEP_ROOM`` more keys (and
+        removals) of each kind the step asks without a bound (no step runs now)."""
+        for table in first:
+            load = self._loads[table]
+            counts = [
+                load.used[k] + FIRST_STEP_ROOM
+                if self._unbounded(plan[table], load, k) and load.free[k] < FIRST_STEP_ROOM
+                else 0
+                for k in _demand.KINDS
+            ]
+            if any(counts):
+                _grow_table(table, load, counts, 0.0)
+                (self._loads[table],) = read_loads([table])
 
     # -- readings, waits and growth ----------------------------------------------------
     def _dispatch(self, coordinator: Any, fn: Any, args: Any, kwargs: Any) -> Any:

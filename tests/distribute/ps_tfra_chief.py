@@ -15,13 +15,17 @@ train tables on parameter servers, the error its step raised.
 in one process): tf_keras ``model.fit`` in the shape of TFRA's
 movielens-1m-keras-ps demo (``SquashedEmbedding(devices=ps_devices)`` layers, a ``call``
 decorated with ``tf.function``, ``DynamicEmbeddingOptimizer(tf.keras.optimizers.legacy.Adam)``,
-``ModelCheckpoint``), then the tables. ``ps_tfra_chief.py restore OUT CKPT_DIR``: the
+``ModelCheckpoint``), its layers' ``init_size`` a tenth of the keys its steps bring, and the first
+room the growth hook gives (``FIRST_STEP_ROOM``) two batches, so that the tables grow on
+the PS tasks while fit runs; then the tables and the growths the hook logged.
+``ps_tfra_chief.py restore OUT CKPT_DIR``: the
 latest checkpoint of CKPT_DIR restored into the same model on this cluster's PS tasks.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -31,8 +35,12 @@ import tensorflow as tf
 
 import de_store as de
 from de_store._keras import is_keras_2
+from de_store.tables import _ps_growth
 
 DIM, BATCH, ID_SPACE = 4, 16, 200
+USERS, MOVIES, FIT_BATCH = 300, 200, 32
+#: init_size of each layer: a tenth of what fit's steps bring (TFRA's init_size is a hint)
+FIT_INIT_SIZE = 20
 K = tf.keras.optimizers
 LEGACY = K.legacy if is_keras_2() else None  # tf.keras.optimizers.legacy of tf_keras
 
@@ -170,7 +178,7 @@ class DualChannels(tf.keras.Model):
             devices=devices,
             name="user_embedding",
             kv_creator=saver,
-            init_size=1000,
+            init_size=FIT_INIT_SIZE,
         )
         self.movie_embedding = de.keras.layers.SquashedEmbedding(
             DIM,
@@ -178,7 +186,7 @@ class DualChannels(tf.keras.Model):
             devices=devices,
             name="movie_embedding",
             kv_creator=saver,
-            init_size=1000,
+            init_size=FIT_INIT_SIZE,
         )
         self.dense = tf.keras.layers.Dense(5, activation="softmax")
 
@@ -191,10 +199,10 @@ class DualChannels(tf.keras.Model):
 
 def ratings(context: Any = None) -> tf.data.Dataset:
     rng = np.random.default_rng(5)
-    users, movies = rng.integers(0, 300, 4096), rng.integers(0, 200, 4096)
+    users, movies = rng.integers(0, USERS, 4096), rng.integers(0, MOVIES, 4096)
     labels = tf.one_hot((users * 7 + movies * 13) % 5, 5)
     features = {"user_id": users, "movie_id": movies}
-    return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(32)
+    return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(FIT_BATCH)
 
 
 def tables(model: DualChannels) -> dict[str, Any]:
@@ -216,13 +224,30 @@ def ps_model() -> tuple[Any, DualChannels]:
     return strategy, model
 
 
+class Growths(logging.Handler):
+    """The tables the growth hook grew, by name, from its INFO lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.grown: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("grew table "):
+            self.grown.append(str(record.args[0]))  # type: ignore[index]
+
+
 def fit(out: str, directory: str, steps: int) -> None:
+    _ps_growth.FIRST_STEP_ROOM = 2 * FIT_BATCH
+    growths = Growths()
+    logging.getLogger("de_store").addHandler(growths)
+    logging.getLogger("de_store").setLevel(logging.INFO)
     _, model = ps_model()
     save = tf.keras.callbacks.ModelCheckpoint(directory + "/ckpt-{epoch}", save_weights_only=True)
     data = tf.keras.utils.experimental.DatasetCreator(ratings)
     history = model.fit(data, epochs=2, steps_per_epoch=steps, callbacks=[save], verbose=0)
+    report = {"loss": history.history["loss"], "tables": tables(model), "grown": growths.grown}
     with open(out, "w") as file:
-        json.dump({"loss": history.history["loss"], "tables": tables(model)}, file)
+        json.dump(report, file)
 
 
 def restore(out: str, directory: str) -> None:

@@ -2,7 +2,8 @@
 process): its training idiom (``embedding_lookup(..., return_trainable=True)``,
 ``tape.gradient`` on the wrapper, ``DynamicEmbeddingOptimizer(...).apply_gradients``) with
 every kind of optimizer, and tf_keras ``model.fit`` in the shape of TFRA's
-movielens-1m-keras-ps demo with two workers, saved by ``ModelCheckpoint`` and restored
+movielens-1m-keras-ps demo with two workers, its tables growing past ten times their
+``init_size`` while it runs, saved by ``ModelCheckpoint`` and restored
 into three PS tasks and into one process (tests/distribute/ps_tfra_chief.py)."""
 
 from __future__ import annotations
@@ -72,9 +73,12 @@ def test_tfras_idiom_trains_the_ps_tables_as_one_process_does(one_worker) -> Non
 
 
 def test_tf_keras_fit_trains_the_tables_with_one_worker(one_worker) -> None:
-    tables = one_worker["fit"]["tables"]
+    report = one_worker["fit"]
+    tables = report["tables"]
     assert len(tables["user_embedding"]) > 150 and len(tables["movie_embedding"]) > 100
     assert sorted(tables["user_embedding"]) == sorted(tables["user_embedding/adam_m"])
+    assert len(report["loss"]) == 2
+    assert any(name.startswith("user_embedding") for name in report["grown"])
 
 
 def test_an_optimizer_without_a_tensor_update_fails_its_step_naming_the_variable(
@@ -108,7 +112,11 @@ def test_tf_keras_fit_trains_the_tables_with_two_workers(fitted) -> None:
         for layer in ("movie_embedding", "user_embedding")
         for slot in ("", "/adam_m", "/adam_v")
     )
-    assert len(tables["user_embedding"]) > 250 and len(tables["movie_embedding"]) > 150
+    # init_size 20: the tables grew on the PS tasks while fit ran, to 10x and more
+    assert len(tables["user_embedding"]) >= 200 and len(tables["movie_embedding"]) > 150
+    assert len(report["loss"]) == 2
+    grown = {name.split("/")[0] for name in report["grown"]}
+    assert {"user_embedding", "movie_embedding"} <= grown, report["grown"]
     assert all(np.isfinite(row).all() for rows in tables.values() for row in rows.values())
     assert sorted(p.name for p in directory.glob("ckpt-*.index")) == [
         "ckpt-1.index",
