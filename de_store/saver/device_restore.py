@@ -63,16 +63,13 @@ from de_store.saver._lazy_tf import tf
 from de_store.saver._tf_bundle import TensorEntry, data_path, index_bytes, index_path
 from de_store.saver.manifest import ShardRecord, VariableEntry
 from de_store.saver.rows import SavedVariable, io_device, routes_by_hash
+from de_store.saver.staging import RESTORE_SCRATCH_PREFIX
 from de_store.saver.variable_rows import VALUE_COLUMN
 
 if TYPE_CHECKING:
     from de_store.backends.base import Backend
 
 logger = logging.getLogger("de_store")
-
-#: What the temporary folder of a restore's bundle indexes is named from, in the
-#: checkpoint folder it reads (``tempfile.mkdtemp`` adds random characters).
-INDEX_FOLDER_PREFIX = ".restore-"
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -248,7 +245,7 @@ def read_on_devices(plan: DevicePlan, bar: Progress | None = None) -> DeviceRows
     """
     start = time.perf_counter()
     _check_file_crcs(plan)
-    where = tempfile.mkdtemp(prefix=INDEX_FOLDER_PREFIX, dir=plan.folder.local_path(""))
+    where = tempfile.mkdtemp(prefix=RESTORE_SCRATCH_PREFIX, dir=plan.folder.local_path(""))
     try:
         try:
             prefixes = _write_indexes(plan, where)

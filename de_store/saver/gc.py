@@ -48,7 +48,8 @@ class Garbage:
 
     ``kind``: "staging" (``.pending``), "replaced", "uncommitted" (an object-store folder
     without commit record), "attempt" (``_ranks/<token>``), "shard" (an unreferenced
-    shard file) or "orphan".
+    shard file), "restore" (``.restore-*`` bundle indexes of a restore into parameter
+    server tasks that did not finish) or "orphan".
     """
 
     folder: str

@@ -11,6 +11,12 @@ or a column added later is recognised as its writer names it; a shard a paramete
 writes itself is a binary one whose files are TensorFlow bundles until the saving process
 renames them (:func:`de_store.saver.device_shards.file_name_ends`: ``.tf.index``,
 ``.tf.data-00000-of-00001``, either with TensorFlow's ``.tempstate{digits}`` while written).
+
+A restore into parameter-server tasks writes bundle indexes, each with a symlink to the
+shard file it reads as its data file, in a folder ``.restore-{8 characters}`` of the
+checkpoint folder (:mod:`de_store.saver.device_restore`), and removes it when it ends. A
+process killed while restoring leaves it: gc removes it, as the restore's own, when it
+holds only such files (a symlink is removed, never the shard file it points to).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import re
 from de_store.backends.base import Backend
 from de_store.errors import CheckpointError
 from de_store.formats import FORMATS, format_class
-from de_store.saver import device_shards
+from de_store.saver import _tf_bundle, device_shards
 from de_store.saver.commit import (
     COMMIT_PREFIX,
     PENDING_SUFFIX,
@@ -48,6 +54,11 @@ _SHARD = rf"(removed-)?r\d{{5}}-s\d{{5}}-[0-9a-f]{{8}}({_shard_file_ends()})"
 _OWN = re.compile(rf"\.?({_META}){_TEMP}|(_ranks|_barrier)/.+|[^/]+/\.?{_SHARD}{_TEMP}")
 _SHARD_FILE = re.compile(rf"[^/]+/\.?{_SHARD}{_TEMP}")
 _CHECKPOINT_FILE = re.compile(r"COMMIT-\d+|manifest-\d+\.json")
+#: The folder a restore into parameter-server tasks writes its bundle indexes in, inside
+#: the checkpoint folder (``tempfile.mkdtemp`` adds 8 characters).
+RESTORE_SCRATCH_PREFIX = ".restore-"
+_RESTORE_SCRATCH = re.compile(rf"{re.escape(RESTORE_SCRATCH_PREFIX)}[a-z0-9_]{{8}}")
+_RESTORE_FILE = re.compile(rf"\d{{6}}-\d+({_tf_bundle.file_name_ends()})")
 _TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -77,6 +88,33 @@ def abandoned_in(
     """``(path, reason, kind)`` of what saves abandoned in the folder ``top``, whose files
     (relative to it) are ``files``. ``rename``: the backend commits by renaming, so
     staging lives in ``NAME.pending`` only; else saves write in the checkpoint folder."""
+    scratch, files = _restore_scratch(files)
+    if scratch is None:
+        return []  # a folder named as a restore's holding a file of another name
+    found = [(f"{top}/{name}", "bundle indexes of a restore that did not finish", "restore")
+             for name in scratch]  # fmt: skip
+    return found + _abandoned_saves(backend, top, files, rename)
+
+
+def _restore_scratch(files: list[str]) -> tuple[list[str] | None, list[str]]:
+    """The restore scratch folders among ``files`` (None: one holds a file a restore
+    does not write), and the other files."""
+    folders: dict[str, bool] = {}
+    rest = []
+    for path in files:
+        folder, _, name = path.partition("/")
+        if _RESTORE_SCRATCH.fullmatch(folder) and name:
+            own = _RESTORE_FILE.fullmatch(name) is not None
+            folders[folder] = folders.get(folder, True) and own
+        else:
+            rest.append(path)
+    return (sorted(folders) if all(folders.values()) else None), rest
+
+
+def _abandoned_saves(
+    backend: Backend, top: str, files: list[str], rename: bool
+) -> list[tuple[str, str, str]]:
+    """:func:`abandoned_in` for the files saves write."""
     if top.endswith(PENDING_SUFFIX):
         if all(map(_is_own_staging, files)):
             return [(top, "staging folder of a save that never committed", "staging")]

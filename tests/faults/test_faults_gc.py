@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import de_store as ds
 from de_store.backends import open_backend, open_location
 from de_store.cli import main
 from de_store.errors import CheckpointMismatchError, GCRefusedError, SaveInterruptedError
-from de_store.saver import _tf_bundle, core, device_shards, gc, incremental
+from de_store.saver import _tf_bundle, core, device_shards, gc, incremental, staging
 from de_store.saver.barrier import Barrier
 from de_store.saver.commit import committed_folder
 from de_store.saver.topology import Topology
@@ -267,6 +268,39 @@ def test_gc_removes_the_staging_of_a_ps_task_that_died_in_its_bundle_writes(
     ]
     assert sorted(p.name for p in kv.iterdir()) == ["A", "C.pending"]
     assert restored_value(str(kv / "A")) == {1.0}
+
+
+def test_gc_removes_the_bundle_indexes_of_a_restore_killed_midway_but_never_the_shards(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A restore into parameter-server tasks reads the shard files through bundle indexes
+    and symlinks it writes in ``.restore-*`` of the checkpoint folder; a process killed
+    while restoring leaves them. gc removes the folder (its links, not the files they
+    point to) and keeps one holding a file of another name."""
+    kv = tmp_path / "kv"
+    ds.save([filled(1.0)], str(kv / "A"), blocking=True)
+    ds.save([filled(2.0)], str(kv / "B"), blocking=True)
+    for name, foreign in (("A", False), ("B", True)):
+        (shard, *_) = (kv / name).glob("emb/*.parquet")
+        scratch = Path(tempfile.mkdtemp(prefix=staging.RESTORE_SCRATCH_PREFIX, dir=kv / name))
+        for index in range(2):
+            prefix = str(scratch / f"{index:06d}-0")
+            Path(_tf_bundle.index_path(prefix)).write_bytes(b"index")
+            os.symlink(shard, _tf_bundle.data_path(prefix))
+        if foreign:
+            (scratch / "notes.txt").write_text("a user's file")
+    age(kv)
+    before = tree(kv)
+    (removed,) = (kv / "A").glob(".restore-*")
+    code, out, _ = gc_cli(capsys, "--yes", str(kv))
+    assert code == 0
+    assert out.splitlines() == [
+        f"removed A/{removed.name}: bundle indexes of a restore that did not finish",
+        f"removed 1 item(s) under {kv}",
+    ]
+    assert tree(kv) == [p for p in before if not p.startswith(f"A/{removed.name}/")]
+    assert restored_value(str(kv / "A")) == {1.0}
+    assert restored_value(str(kv / "B")) == {2.0}
 
 
 @pytest.mark.parametrize(("fmt", "slots"), FORMATS_AND_SLOTS)
