@@ -32,19 +32,10 @@ import json
 import os
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import time
 
-from de_store.testing.servers import free_ports
-
-SERVER = (
-    "import json, os, tensorflow as tf\n"
-    "c = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
-    "tf.distribute.Server(c.cluster_spec(), job_name=c.task_type, task_index=c.task_id,"
-    " protocol='grpc', start=True).join()\n"
-)
+from _cluster import chief_of
 
 
 def _loopback_received() -> int:
@@ -81,33 +72,8 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--ps", type=int, default=2)
     args = parser.parse_args()
-    ports = iter(free_ports(args.ps + 2))
-    cluster = {
-        "chief": [f"127.0.0.1:{next(ports)}"],
-        "worker": [f"127.0.0.1:{next(ports)}"],
-        "ps": [f"127.0.0.1:{next(ports)}" for _ in range(args.ps)],
-    }
-
-    def env(job: str, task: int) -> dict[str, str]:
-        config = {"cluster": cluster, "task": {"type": job, "index": task}}
-        return dict(os.environ, TF_CONFIG=json.dumps(config), TF_CPP_MIN_LOG_LEVEL="3")
-
-    tasks = [("worker", 0)] + [("ps", i) for i in range(args.ps)]
-    servers = [
-        subprocess.Popen(
-            [sys.executable, "-c", SERVER],
-            env=env(job, task),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for job, task in tasks
-    ]
-    os.environ.update(env("chief", 0))
-    try:
+    with chief_of(1, args.ps):
         print(json.dumps(_measure(args)))
-    finally:
-        for server in servers:
-            server.kill()
 
 
 def _measure(args: argparse.Namespace) -> dict[str, object]:

@@ -34,21 +34,11 @@ import argparse
 import functools
 import json
 import logging
-import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 
-from de_store.testing.servers import free_ports
-
-SERVER = (
-    "import tensorflow as tf\n"
-    "c = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
-    "tf.distribute.Server(c.cluster_spec(), job_name=c.task_type, task_index=c.task_id,"
-    " protocol='grpc', start=True).join()\n"
-)
+from _cluster import chief_of
 
 
 def main() -> None:
@@ -61,33 +51,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="steps of each phase")
     parser.add_argument("--init-size", type=int, default=4096)
     args = parser.parse_args()
-    ports = iter(free_ports(args.ps + args.workers + 1))
-    cluster = {
-        "chief": [f"127.0.0.1:{next(ports)}"],
-        "worker": [f"127.0.0.1:{next(ports)}" for _ in range(args.workers)],
-        "ps": [f"127.0.0.1:{next(ports)}" for _ in range(args.ps)],
-    }
-
-    def env(job: str, task: int) -> dict[str, str]:
-        config = {"cluster": cluster, "task": {"type": job, "index": task}}
-        return dict(os.environ, TF_CONFIG=json.dumps(config), TF_CPP_MIN_LOG_LEVEL="3")
-
-    tasks = [("worker", i) for i in range(args.workers)] + [("ps", i) for i in range(args.ps)]
-    servers = [
-        subprocess.Popen(
-            [sys.executable, "-c", SERVER],
-            env=env(job, task),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for job, task in tasks
-    ]
-    os.environ.update(env("chief", 0))
-    try:
+    with chief_of(args.workers, args.ps):
         print(json.dumps(_measure(args)))
-    finally:
-        for server in servers:
-            server.kill()
 
 
 def _measure(args: argparse.Namespace) -> dict[str, object]:
