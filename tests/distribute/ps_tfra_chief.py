@@ -38,6 +38,8 @@ from de_store._keras import is_keras_2
 from de_store.tables import _ps_growth
 
 DIM, BATCH, ID_SPACE = 4, 16, 200
+#: init_size of the loop's Variables: a tenth of the keys its steps bring (they grow)
+LOOP_INIT_SIZE = 6
 USERS, MOVIES, FIT_BATCH = 300, 200, 32
 #: init_size of each layer: a tenth of what fit's steps bring (TFRA's init_size is a hint)
 FIT_INIT_SIZE = 20
@@ -102,7 +104,9 @@ def table(variable: de.Variable) -> dict[str, list[float]]:
 
 def variables(names: list[str], devices: list[str] | None, prefix: str) -> list[de.Variable]:
     return [
-        de.get_variable(f"{prefix}{name}", dim=DIM, devices=devices, initializer=0.1, init_size=400)
+        de.get_variable(
+            f"{prefix}{name}", dim=DIM, devices=devices, initializer=0.1, init_size=LOOP_INIT_SIZE
+        )
         for name in names
     ]
 

@@ -64,7 +64,8 @@ def test_tfras_idiom_trains_the_ps_tables_as_one_process_does(one_worker) -> Non
     assert sorted(report) == sorted(OPTIMIZERS.split(","))
     for name, result in report.items():
         ps, local = result["ps"], result["local"]
-        assert sorted(ps) == sorted(local) and len(ps) > 60, name
+        # init_size 6: the tables grew on the PS tasks to 10 times that
+        assert sorted(ps) == sorted(local) and len(ps) >= 60, name
         for key, row in ps.items():  # the fused legacy kernels round apart by 1 ulp
             np.testing.assert_allclose(row, local[key], rtol=0, atol=1e-6, err_msg=name)
         np.testing.assert_allclose(result["ps_losses"], result["local_losses"], atol=1e-6)
