@@ -108,7 +108,7 @@ def bucket_reorder(keys: int, dim: int) -> float:
     for that many rows), Arrow's stable counting sort of the buckets, and one ``take`` of
     the keys and one of the values (making the rows is not timed). With ``raw_write``,
     the floor of a save that writes its rows grouped by bucket."""
-    from de_store.saver.buckets import (  # numpy and Arrow only
+    from de_store.checkpoint.buckets import (  # numpy and Arrow only
         choose_num_buckets,
         int_floormod,
         stable_order,

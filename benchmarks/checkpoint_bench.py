@@ -287,7 +287,7 @@ def phase_restore(args: argparse.Namespace) -> None:
 def repeat_check(variable: Any) -> float:
     """Seconds of the check a restore into a variable holding rows makes before emptying
     it (no key held twice), on the restored keys in batches of the reader's size."""
-    from de_store.saver.checks import has_repeated_key
+    from de_store.checkpoint.checks import has_repeated_key
 
     keys = np.asarray(variable.export()[0])
     batches = [keys[i : i + 65536] for i in range(0, len(keys), 65536)]

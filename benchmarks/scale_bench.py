@@ -64,9 +64,9 @@ def _save_rank(url: str, size: int, rank: int, keys: int, dim: int, options: dic
     import numpy as np
 
     from de_store.backends import open_location
+    from de_store.checkpoint.manifest import ColumnSpec
+    from de_store.checkpoint.topology import Topology
     from de_store.saver import core
-    from de_store.saver.manifest import ColumnSpec
-    from de_store.saver.topology import Topology
     from de_store.saver.variable_rows import ShardRows, VariableRows
 
     timings: dict[str, Any] = {}
@@ -102,10 +102,10 @@ def _save_rank(url: str, size: int, rank: int, keys: int, dim: int, options: dic
 
 def _restore_rank(url: str, size: int, rank: int, dim: int, options: dict) -> dict:
     from de_store.backends import open_location
+    from de_store.checkpoint.commit import read_manifest
+    from de_store.checkpoint.topology import Topology
     from de_store.progress import progress_for
     from de_store.saver import core
-    from de_store.saver.commit import read_manifest
-    from de_store.saver.topology import Topology
 
     backend, name = open_location(url, options)
     _, manifest = read_manifest(backend, name)
@@ -196,7 +196,7 @@ def _backend_figures(name: str, root: str, options: dict, args: argparse.Namespa
 
 
 def _merge_figures(manifest_json: str, counts: list[int]) -> dict:
-    from de_store.saver.manifest import merge_rank_manifests, rank_manifest_from_json, to_json
+    from de_store.checkpoint.manifest import merge_rank_manifests, rank_manifest_from_json, to_json
 
     one = rank_manifest_from_json(manifest_json.encode(), "rank 0")
     figures = {}

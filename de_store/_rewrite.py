@@ -11,15 +11,15 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from de_store.backends import Backend
-from de_store.errors import CheckpointError, FormatError
-from de_store.saver.commit import CommitStrategy, commit_strategy
-from de_store.saver.manifest import (
+from de_store.checkpoint.commit import CommitStrategy, commit_strategy
+from de_store.checkpoint.manifest import (
     ColumnSpec,
     RankManifest,
     VariableEntry,
     merge_rank_manifests,
     to_json,
 )
+from de_store.errors import CheckpointError, FormatError
 
 #: One table shard's rows: ``(keys [n], {column: rows [n, dim]})``.
 Rows = tuple[np.ndarray, dict[str, np.ndarray]]

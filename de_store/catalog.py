@@ -2,9 +2,9 @@
 
 A checkpoint is a folder holding a ``COMMIT-*`` record, a ``manifest-*.json``, a ``_ranks/``
 folder of per-rank manifests, or a staging folder ``NAME.pending``. Only a ``COMMIT-*``
-record makes it committed (see :mod:`de_store.saver.commit`). An incremental checkpoint
+record makes it committed (see :mod:`de_store.checkpoint.commit`). An incremental checkpoint
 ("delta") names its parent; its chain is the full checkpoint and the deltas up to it (see
-:mod:`de_store.saver.chain`).
+:mod:`de_store.checkpoint.chain`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from de_store.backends import Backend, open_backend, open_location
-from de_store.errors import CheckpointError
-from de_store.saver import gc
-from de_store.saver.chain import iter_manifests, parent_folder
-from de_store.saver.commit import (
+from de_store.checkpoint import gc
+from de_store.checkpoint.chain import iter_manifests, parent_folder
+from de_store.checkpoint.commit import (
     ABORT_NAME,
     COMMIT_PREFIX,
     MANIFEST_PREFIX,
@@ -32,7 +31,8 @@ from de_store.saver.commit import (
     parse_commit_record,
     read_manifest,
 )
-from de_store.saver.manifest import Manifest
+from de_store.checkpoint.manifest import Manifest
+from de_store.errors import CheckpointError
 
 _STEP = re.compile(r"(\d+)$")
 
@@ -160,7 +160,7 @@ def _mark_orphans(backend: Backend, summaries: list[CheckpointSummary]) -> list[
 
     ``CheckpointManager`` deletes TF checkpoints behind the saver's back; their KV data is
     removed by the next save or ``de-store gc``, and until then is listed as orphaned. What
-    counts as gone is what gc deletes (:func:`de_store.saver.gc.tf_checkpoints_gone`).
+    counts as gone is what gc deletes (:func:`de_store.checkpoint.gc.tf_checkpoints_gone`).
     """
     if not any(s.status == "committed" for s in summaries):
         return summaries

@@ -1,7 +1,7 @@
 """The ``de-store`` command: demo, ls, inspect, verify, convert, gc.
 
-A thin layer over :mod:`de_store.catalog`, :mod:`de_store.saver.verify`,
-:mod:`de_store.convert`, :mod:`de_store.saver.gc` and :mod:`de_store.demo`. Only ``demo``
+A thin layer over :mod:`de_store.catalog`, :mod:`de_store.checkpoint.verify`,
+:mod:`de_store.convert`, :mod:`de_store.checkpoint.gc` and :mod:`de_store.demo`. Only ``demo``
 imports TensorFlow (it trains a model). Errors print as one line ``de-store: error: ...``
 with exit code 1 (2 for usage errors, 130 for Ctrl-C); ``--debug`` shows the traceback.
 The storage server of an ``s3://``, ``gs://`` or ``http(s)://`` URL is tried once before
@@ -204,7 +204,7 @@ def _stdout_gone() -> bool:
 
 
 def _check_reachable(args: argparse.Namespace) -> None:
-    from de_store.saver.destination import check_reachable
+    from de_store.checkpoint.destination import check_reachable
 
     for name in _URL_ARGUMENTS:
         url = getattr(args, name, None)
@@ -409,8 +409,8 @@ def _print_chain(info: dict[str, Any]) -> None:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from de_store.backends import open_location
+    from de_store.checkpoint.verify import verify_checkpoint
     from de_store.progress import progress_for
-    from de_store.saver.verify import verify_checkpoint
 
     backend, name = open_location(args.url, args.storage_options)
     with progress_for(0, "verify", quiet=args.quiet) as progress:
@@ -430,8 +430,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from de_store.backends import open_location
+    from de_store.checkpoint.destination import check_destination
     from de_store.convert import TfraOptions, convert
-    from de_store.saver.destination import check_destination
 
     check_destination(*open_location(args.dst, args.storage_options), probe=True)
     tfra_options = TfraOptions(args.dim, args.key_dtype, args.value_dtype, tuple(args.name))
@@ -450,7 +450,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _cmd_gc(args: argparse.Namespace) -> int:
     from de_store.backends import open_backend
-    from de_store.saver import gc
+    from de_store.checkpoint import gc
 
     _require_exists(args.url, args.storage_options)
     backend = open_backend(args.url, args.storage_options)

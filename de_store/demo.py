@@ -1,7 +1,7 @@
 """``de-store demo``: train the CTR example, save an async sharded checkpoint, reshard it back.
 
 0. Checks the destination before anything else: the protocol, a file in the way, a folder
-   or bucket that cannot be written (see :mod:`de_store.saver.destination`).
+   or bucket that cannot be written (see :mod:`de_store.checkpoint.destination`).
 1. Trains ``examples/train_ctr.py`` on a Variable with ``save_shards`` table shards (logical
    CPUs) whose ``kv_creator`` carries a ``FileSystemSaver``.
 2. Saves through ``tf.train.CheckpointManager`` with ``CheckpointOptions(enable_async=True,
@@ -112,7 +112,7 @@ def run(
 def _check_destinations(kv_url: str, tf_dir: str, options: dict[str, Any]) -> None:
     """Fail before training if the KV checkpoint or the TF bundle cannot be saved."""
     from de_store.backends import open_location
-    from de_store.saver.destination import check_destination
+    from de_store.checkpoint.destination import check_destination
 
     check_destination(*open_location(kv_url, options), probe=True)
     if tf_dir != kv_url.rsplit("/", 2)[0]:  # the TF bundle goes to a local folder apart

@@ -10,7 +10,7 @@ traced step on every worker), as collectives require.
 
 Each worker saves its own slice: :func:`de_store.save` or ``tf.train.Checkpoint`` with
 the saver's multi-process path (a ``TF_CONFIG`` cluster is detected, and a
-:class:`~de_store.saver.barrier.CoordinationServiceBarrier` meets the workers through
+:class:`~de_store.checkpoint.barrier.CoordinationServiceBarrier` meets the workers through
 TensorFlow's coordination service). A checkpoint restores into any number of workers:
 rank ``r`` of ``n`` restores the keys ``k mod n == r`` (the restore's default partition),
 the keys it owns.

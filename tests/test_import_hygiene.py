@@ -51,6 +51,21 @@ def test_importing_compact_convert_and_the_test_helpers_loads_neither_tf_nor_pyt
     assert run_fresh([], *modules) == ([], [])
 
 
+def test_the_checkpoint_protocol_loads_no_tensorflow_and_imports_nothing_above_it() -> None:
+    """``de_store.checkpoint`` (names, manifests, commit, barrier, chains, checks, gc,
+    verify) needs no TensorFlow, and reaches no module of the TensorFlow side."""
+    modules = module_files()
+    protocol = sorted(m for m in modules if m.startswith("de_store.checkpoint"))
+    assert len(protocol) > 10
+    assert run_fresh([], *protocol) == ([], [])
+    allowed = ("de_store.checkpoint", "de_store.backends", "de_store.formats", "de_store.errors",
+               "de_store.progress")  # fmt: skip
+    for name in protocol:
+        above = {m for m in imported_modules(name, modules[name], modules)
+                 if not m.startswith(allowed) and m != "de_store"}  # fmt: skip
+        assert above == set(), name
+
+
 def test_importing_a_conformance_suite_loads_pytest_only_then() -> None:
     assert run_fresh([], "de_store.testing.backend_suite") == ([], ["pytest"])
 

@@ -15,10 +15,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from de_store.backends import open_location
-from de_store.saver import at_exit, commit, core, incremental
-from de_store.saver.destination import check_destination
+from de_store.checkpoint import commit
+from de_store.checkpoint.destination import check_destination
+from de_store.checkpoint.manifest import Manifest
+from de_store.saver import at_exit, core, incremental
 from de_store.saver.filesystem_saver import FileSystemSaver
-from de_store.saver.manifest import Manifest
 
 logger = logging.getLogger(__name__)
 _EXECUTOR_LOCK = threading.Lock()
@@ -109,7 +110,7 @@ def save(
         Two of ``variables`` have the same name (one's rows would replace the other's).
     DestinationError
         ``url`` cannot take a checkpoint: a file is in the way, or a local folder cannot
-        be written (see :mod:`de_store.saver.destination`).
+        be written (see :mod:`de_store.checkpoint.destination`).
     """
     global _LAST
     saver = _saver_for(saver, saver_options)

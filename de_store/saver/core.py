@@ -26,28 +26,19 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from de_store.backends import Backend
-from de_store.errors import (
-    BarrierTimeoutError,
-    CheckpointCorruptError,
-    CheckpointError,
-    RepeatedKeysError,
-    SaveInterruptedError,
-)
-from de_store.formats import FORMATS
-from de_store.progress import Progress, progress_for
-from de_store.saver import device_load, device_restore, events, incremental, shards
-from de_store.saver.barrier import BARRIER_DIR, Barrier, StorageBarrier, job_poll_max_s
-from de_store.saver.chain import chain_links, parent_reference
-from de_store.saver.checks import Problem, check_link, has_repeated_key, repeated_key
-from de_store.saver.commit import (
+from de_store.checkpoint import events
+from de_store.checkpoint.barrier import BARRIER_DIR, Barrier, StorageBarrier, job_poll_max_s
+from de_store.checkpoint.chain import chain_links, parent_reference
+from de_store.checkpoint.checks import Problem, check_link, has_repeated_key, repeated_key
+from de_store.checkpoint.commit import (
     RANKS_DIR,
     CommitStrategy,
     commit_strategy,
     read_manifest,
     record_save_id,
 )
-from de_store.saver.destination import check_destination
-from de_store.saver.manifest import (
+from de_store.checkpoint.destination import check_destination
+from de_store.checkpoint.manifest import (
     Manifest,
     RankManifest,
     ShardRecord,
@@ -57,7 +48,18 @@ from de_store.saver.manifest import (
     rank_manifest_from_json,
     to_json,
 )
-from de_store.saver.retry import RetryPolicy, is_transient
+from de_store.checkpoint.retry import RetryPolicy, is_transient
+from de_store.checkpoint.topology import Topology
+from de_store.errors import (
+    BarrierTimeoutError,
+    CheckpointCorruptError,
+    CheckpointError,
+    RepeatedKeysError,
+    SaveInterruptedError,
+)
+from de_store.formats import FORMATS
+from de_store.progress import Progress, progress_for
+from de_store.saver import device_load, device_restore, incremental, shards
 from de_store.saver.rows import (
     RestoredVariable,
     SavedVariable,
@@ -70,7 +72,6 @@ from de_store.saver.rows import (
     restore_shares,
 )
 from de_store.saver.streamed import load_while_reading, streams
-from de_store.saver.topology import Topology
 
 #: Launch variables naming the job, tried in order when no ``job_id`` is given.
 JOB_ID_VARIABLES = (
@@ -517,7 +518,7 @@ def restore_checkpoint(
     the full link replaces the tables' content and each delta applies in order. Afterwards
     each variable's next incremental save is a delta on this checkpoint.
 
-    Every link is checked as ``de-store verify`` checks it (:mod:`de_store.saver.checks`):
+    Every link is checked as ``de-store verify`` checks it (:mod:`de_store.checkpoint.checks`):
     its manifest's numbers and its files' sizes before any read, its rows as they are
     read, and no key held twice before any variable that holds rows is emptied. A refused
     restore leaves every variable as it was.

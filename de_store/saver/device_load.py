@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from de_store.checkpoint.checks import Problem
 from de_store.errors import CheckpointCorruptError, RepeatedKeysError
 from de_store.saver._lazy_tf import tf
-from de_store.saver.checks import Problem
 from de_store.saver.device_restore import DeviceRows, HeldShard, each
 from de_store.saver.rows import (
     RestoredVariable,

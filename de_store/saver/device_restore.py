@@ -20,7 +20,7 @@ of bundle indexes and receives counts. The steps, each one call away:
   shape, byte range and crc32c, from the manifest) beside a symlink to the file, as the
   bundle's data file. ``RestoreV2`` on the reading task reads each run and checks its
   bytes against that crc32c. The task then checks that every key lies in its part's
-  bucket (:class:`~de_store.saver.checks.PartBuckets`' check), and each table shard's
+  bucket (:class:`~de_store.checkpoint.checks.PartBuckets`' check), and each table shard's
   rows are concatenated on its task. The temporary folder is removed.
 - :mod:`~de_store.saver.device_load` checks that no key is held twice and loads the
   rows, each task its own.
@@ -49,6 +49,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from de_store.checkpoint._tf_bundle import TensorEntry, data_path, index_bytes, index_path
+from de_store.checkpoint.manifest import ShardRecord, VariableEntry
+from de_store.checkpoint.staging import RESTORE_SCRATCH_PREFIX
 from de_store.errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -60,10 +63,7 @@ from de_store.formats.base import ShardInfo, location
 from de_store.formats.binary import column_layout
 from de_store.progress import Progress
 from de_store.saver._lazy_tf import tf
-from de_store.saver._tf_bundle import TensorEntry, data_path, index_bytes, index_path
-from de_store.saver.manifest import ShardRecord, VariableEntry
 from de_store.saver.rows import SavedVariable, io_device, routes_by_hash
-from de_store.saver.staging import RESTORE_SCRATCH_PREFIX
 from de_store.saver.variable_rows import VALUE_COLUMN
 
 if TYPE_CHECKING:

@@ -24,42 +24,25 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from de_store.backends.local import fsync_dir, fsync_file
+from de_store.checkpoint._tf_bundle import data_path, index_path, read_index
+from de_store.checkpoint.names import bundle_prefix
 from de_store.errors import CheckpointError
 from de_store.formats._shard import shard_info
 from de_store.formats._stream import crc32c_combine
 from de_store.formats.base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
-from de_store.formats.binary import BinaryFormat, column_layout, column_paths, numpy_dtype
+from de_store.formats.binary import column_layout, column_paths, numpy_dtype
 from de_store.saver._lazy_tf import tf
-from de_store.saver._tf_bundle import data_path, index_path, read_index
-from de_store.saver._tf_bundle import file_name_ends as bundle_file_name_ends
 from de_store.saver.variable_rows import VALUE_COLUMN, DeviceShardRows
 
 if TYPE_CHECKING:
     from de_store.backends.base import Backend
 
 logger = logging.getLogger("de_store")
-
-#: What a binary shard file's path gets to name the bundle its task writes it as.
-BUNDLE_SUFFIX = ".tf"
-
-
-def bundle_prefix(path: str) -> str:
-    """The bundle a task writes as the binary shard file ``path`` (renamed to it after)."""
-    return path + BUNDLE_SUFFIX
-
-
-def file_name_ends() -> str:
-    """A regular expression for what the files of a shard written on its device add to
-    the shard's path until this process renames them: a binary file's end, then its
-    bundle's data file or index, complete or as TensorFlow names it while writing it."""
-    binary = BinaryFormat.file_name_ends()
-    return f"({binary}){re.escape(BUNDLE_SUFFIX)}{bundle_file_name_ends()}"
 
 
 def writes_on_device(backend: Backend, path: str, rows: DeviceShardRows) -> bool:
@@ -193,7 +176,7 @@ def _bucket_bundles(prefixes: Any, num_buckets: int, tensors: list[Any]) -> tupl
     rows grouped by key bucket; return each bucket's row count, smallest and largest key.
 
     The bucket is ``floormod(key, num_buckets)``, the saver's for integer keys
-    (:func:`~de_store.saver.buckets.key_hash_mod`).
+    (:func:`~de_store.checkpoint.buckets.key_hash_mod`).
     """
     keys = tensors[0]
     ids = tf.cast(tf.math.floormod(tf.cast(keys, tf.int64), num_buckets), tf.int32)

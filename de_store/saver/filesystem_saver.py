@@ -10,12 +10,12 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from de_store.checkpoint.barrier import Barrier
+from de_store.checkpoint.retry import RetryPolicy
+from de_store.checkpoint.topology import Topology, detect_topology
 from de_store.formats import get_format
-from de_store.saver.barrier import Barrier
 from de_store.saver.core import IOOptions
 from de_store.saver.incremental import IncrementalPolicy, policy_of
-from de_store.saver.retry import RetryPolicy
-from de_store.saver.topology import Topology, detect_topology
 
 #: Folder beside a TF checkpoint that holds its KV data when no ``save_path`` is given.
 DEFAULT_KV_FOLDER = "de_store"

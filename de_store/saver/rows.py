@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from de_store.checkpoint.buckets import bucket_order, key_hash_mod
+from de_store.checkpoint.manifest import ColumnSpec, VariableEntry
 from de_store.errors import CheckpointError
 from de_store.saver._lazy_tf import tf
-from de_store.saver.buckets import bucket_order, key_hash_mod
-from de_store.saver.manifest import ColumnSpec, VariableEntry
 from de_store.saver.variable_rows import (
     TF_ALIGNMENT,
     VALUE_COLUMN,

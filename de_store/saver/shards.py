@@ -1,7 +1,7 @@
 """Shard files: rows in table order or grouped by key bucket on write; only the needed
 buckets on read.
 
-A bucketed shard writes each bucket (see :mod:`de_store.saver.buckets`) as its own
+A bucketed shard writes each bucket (see :mod:`de_store.checkpoint.buckets`) as its own
 part(s); a shard in table order is one bucket, its rows as the table holds them. The
 manifest records the bucket of every part. A delta's removed keys are written the same way
 as tombstone shards (:func:`tombstone_rows`), so a restoring rank reads only its buckets.
@@ -19,14 +19,14 @@ import numpy as np
 import pyarrow as pa
 
 from de_store.backends.base import Backend
+from de_store.checkpoint.buckets import BucketOrder, choose_num_buckets
+from de_store.checkpoint.checks import read_checked
+from de_store.checkpoint.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.formats import get_format
 from de_store.formats._shard import map_ahead
 from de_store.formats.base import ExtraColumn, SchemaInfo
 from de_store.formats.batches import batch_from_numpy
-from de_store.saver.buckets import BucketOrder, choose_num_buckets
-from de_store.saver.checks import read_checked
 from de_store.saver.device_shards import write_on_device, writes_on_device
-from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.saver.variable_rows import (
     VALUE_COLUMN,
     DeviceShardRows,
@@ -162,7 +162,7 @@ def write_shard(
 ) -> ShardRecord:
     """Write one table shard as one file of parts; return its record.
 
-    ``bucketed``: the rows are grouped by key bucket (:mod:`~de_store.saver.buckets`), a
+    ``bucketed``: the rows are grouped by key bucket (:mod:`~de_store.checkpoint.buckets`), a
     bucket per part, so that each of several restoring processes reads only its share;
     otherwise the shard is one bucket, its rows in the order the table holds them (no
     sort and no gather: the fastest save; every restoring process reads every part).
@@ -304,7 +304,7 @@ def read_shard_rows(
     proc_size: int = 1,
 ) -> Iterator[ShardRows]:
     """Read ``parts`` of one shard file under ``folder`` as numpy rows, checked as they come
-    (see :func:`~de_store.saver.checks.read_checked`). With ``proc_size`` > 1 only the rows
+    (see :func:`~de_store.checkpoint.checks.read_checked`). With ``proc_size`` > 1 only the rows
     of rank ``proc_rank`` are returned. ``key_dtype`` defaults to the shard's own.
 
     Raises

@@ -31,7 +31,8 @@ from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
 from de_store.backends import open_location
-from de_store.saver import at_exit, binding, commit, core, gc, incremental, tf_compat
+from de_store.checkpoint import binding, commit, gc
+from de_store.saver import at_exit, core, incremental, tf_compat
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.rows import VariableRows, io_device_scope
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from de_store.saver.manifest import ColumnSpec
+from de_store.checkpoint.manifest import ColumnSpec
 
 VALUE_COLUMN = "value"
 #: Byte alignment TensorFlow's CPU kernels require of a tensor's buffer.

@@ -21,10 +21,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf
 
 import de_store as ds
+from de_store.checkpoint.barrier import CoordinationServiceBarrier
+from de_store.checkpoint.topology import detect_topology
 from de_store.distribute import AllToAllEmbedding
 from de_store.optimizers import Adagrad
-from de_store.saver.barrier import CoordinationServiceBarrier
-from de_store.saver.topology import detect_topology
 
 FIELDS, BATCH, ID_SPACE, DIM = 4, 64, 300, 4
 LEARNING_RATE = 0.2

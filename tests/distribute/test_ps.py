@@ -13,9 +13,9 @@ import tensorflow as tf
 
 import de_store as ds
 from de_store.backends import open_location
+from de_store.checkpoint.commit import read_manifest
 from de_store.cli import main as cli_main
 from de_store.optimizers import Adagrad
-from de_store.saver.commit import read_manifest
 from tests.distribute import cluster, ps_chief
 
 pytestmark = pytest.mark.slow

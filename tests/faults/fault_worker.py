@@ -38,11 +38,11 @@ import fsspec  # noqa: E402
 import numpy as np  # noqa: E402
 
 from de_store.backends import open_backend  # noqa: E402
+from de_store.checkpoint.manifest import ColumnSpec  # noqa: E402
+from de_store.checkpoint.retry import RetryPolicy  # noqa: E402
+from de_store.checkpoint.topology import Topology  # noqa: E402
 from de_store.saver.core import IOOptions, save_checkpoint  # noqa: E402
-from de_store.saver.manifest import ColumnSpec  # noqa: E402
-from de_store.saver.retry import RetryPolicy  # noqa: E402
 from de_store.saver.rows import ShardRows, VariableRows  # noqa: E402
-from de_store.saver.topology import Topology  # noqa: E402
 from de_store.testing.faults import FaultPlan, FaultyFileSystem  # noqa: E402
 
 DIM = 4

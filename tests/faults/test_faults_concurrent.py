@@ -12,11 +12,11 @@ from faults_helpers import expected_content, restored, start_worker
 from test_faults_kill import location_config
 
 from de_store.backends import Backend, open_backend
+from de_store.checkpoint.barrier import Barrier
+from de_store.checkpoint.topology import Topology
+from de_store.checkpoint.verify import verify_checkpoint
 from de_store.errors import AlreadyExistsError
-from de_store.saver.barrier import Barrier
 from de_store.saver.core import IOOptions, save_checkpoint
-from de_store.saver.topology import Topology
-from de_store.saver.verify import verify_checkpoint
 from de_store.testing import StorageLocation
 
 SINGLE = Topology(1, 0)
@@ -102,7 +102,7 @@ def test_two_jobs_saving_the_same_step_at_once(request: pytest.FixtureRequest, s
 def test_a_second_save_into_a_shared_staging_folder_is_refused(
     local_location: StorageLocation,
 ) -> None:
-    from de_store.saver.commit import commit_strategy
+    from de_store.checkpoint.commit import commit_strategy
 
     backend = local_location.open()
     commit_strategy(backend, "B").begin()  # a multi-process job without a job id

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from faults_helpers import content, make_variable
 
+from de_store.checkpoint.manifest import ColumnSpec
+from de_store.checkpoint.topology import Topology
 from de_store.errors import DeStoreError
 from de_store.saver.core import IOOptions, restore_checkpoint, save_checkpoint
-from de_store.saver.manifest import ColumnSpec
 from de_store.saver.rows import ShardRows, VariableRows
-from de_store.saver.topology import Topology
 from de_store.testing import StorageLocation
 
 SINGLE = Topology(1, 0)

@@ -23,12 +23,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 import de_store as ds
 from de_store.backends import open_backend, open_location
+from de_store.checkpoint import _tf_bundle, gc, names, staging
+from de_store.checkpoint.barrier import Barrier
+from de_store.checkpoint.commit import committed_folder
+from de_store.checkpoint.topology import Topology
 from de_store.cli import main
 from de_store.errors import CheckpointMismatchError, GCRefusedError, SaveInterruptedError
-from de_store.saver import _tf_bundle, core, device_shards, gc, incremental, staging
-from de_store.saver.barrier import Barrier
-from de_store.saver.commit import committed_folder
-from de_store.saver.topology import Topology
+from de_store.saver import core, incremental
 from de_store.testing.faults import FaultPlan, FaultyFileSystem
 from tests.conftest import StorageLocation
 
@@ -253,7 +254,7 @@ def test_gc_removes_the_staging_of_a_ps_task_that_died_in_its_bundle_writes(
         interrupted_save(str(kv / name), format="binary", slots=("adagrad_accumulator",))
         (folder,) = (kv / f"{name}.pending").glob("*/emb")
         for column in ("keys", "values", "adagrad_accumulator"):
-            prefix = device_shards.bundle_prefix(str(folder / f"r00000-s00001-0a1b2c3d-{column}"))
+            prefix = names.bundle_prefix(str(folder / f"r00000-s00001-0a1b2c3d-{column}"))
             for file in (_tf_bundle.index_path(prefix), _tf_bundle.data_path(prefix)):
                 Path(file).write_bytes(b"written")
                 Path(f"{file}{_tf_bundle.TEMP_INFIX}13622185587429183187").write_bytes(b"half")

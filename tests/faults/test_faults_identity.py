@@ -10,7 +10,7 @@ from faults_helpers import expected_content, restored, start_worker
 from test_faults_kill import location_config
 
 from de_store.backends import open_backend
-from de_store.saver.commit import committed_folder, read_manifest
+from de_store.checkpoint.commit import committed_folder, read_manifest
 from de_store.testing import StorageLocation
 
 TIMEOUT_S = 2.0

@@ -11,8 +11,8 @@ import tensorflow as tf
 from faults_helpers import content
 
 import de_store as ds
+from de_store.checkpoint.retry import NO_RETRY
 from de_store.errors import BackendError, CheckpointError, DeStoreError
-from de_store.saver.retry import NO_RETRY
 from de_store.testing import StorageLocation
 
 RESULTS: list[dict[str, Any]] = []

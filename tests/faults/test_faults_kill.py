@@ -19,8 +19,8 @@ from faults_helpers import expected_content, restored, run_worker
 import de_store as ds
 from de_store.backends import open_backend
 from de_store.catalog import list_checkpoints
-from de_store.saver import gc
-from de_store.saver.commit import committed_folder
+from de_store.checkpoint import gc
+from de_store.checkpoint.commit import committed_folder
 from de_store.testing import StorageLocation
 
 #: Every storage call of B's save that is not a stream chunk, plus every CHUNK_STEP-th chunk.

@@ -12,8 +12,8 @@ import tensorflow as tf
 import de_store as ds
 from de_store.backends import open_backend
 from de_store.catalog import list_checkpoints
+from de_store.checkpoint import gc
 from de_store.optimizers import Adagrad
-from de_store.saver import gc
 
 SAVES = 200
 SAMPLE_EVERY = 20

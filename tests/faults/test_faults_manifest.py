@@ -21,14 +21,14 @@ from faults_helpers import content, make_variable
 import de_store as ds
 from de_store.backends import Backend, open_backend
 from de_store.catalog import list_checkpoints
+from de_store.checkpoint.commit import parse_commit_record
+from de_store.checkpoint.manifest import ColumnSpec
+from de_store.checkpoint.topology import Topology
+from de_store.checkpoint.verify import verify_checkpoint
 from de_store.cli import main
 from de_store.errors import CheckpointCorruptError
-from de_store.saver.commit import parse_commit_record
 from de_store.saver.core import IOOptions, restore_checkpoint, save_checkpoint
-from de_store.saver.manifest import ColumnSpec
 from de_store.saver.rows import ShardRows, VariableRows
-from de_store.saver.topology import Topology
-from de_store.saver.verify import verify_checkpoint
 
 SINGLE = Topology(1, 0)
 MANIFEST = "manifest-000001.json"

@@ -16,11 +16,11 @@ from faults_helpers import content, make_variable
 from test_faults_manifest import MANIFEST, SINGLE, forge
 
 from de_store.backends import Backend, open_backend
+from de_store.checkpoint.manifest import ColumnSpec
+from de_store.checkpoint.verify import verify_checkpoint
 from de_store.errors import CheckpointCorruptError
 from de_store.saver.core import IOOptions, restore_checkpoint, save_checkpoint
-from de_store.saver.manifest import ColumnSpec
 from de_store.saver.rows import ShardRows, VariableRows
-from de_store.saver.verify import verify_checkpoint
 
 SHARD = ("variables", "emb", "shards", 0)
 INFO = (*SHARD, "info")

@@ -15,11 +15,11 @@ from fault_worker import variable_rows
 from faults_helpers import content, expected_content, make_variable
 
 from de_store.backends import Backend, open_backend
+from de_store.checkpoint.commit import committed_folder
+from de_store.checkpoint.retry import RetryPolicy
+from de_store.checkpoint.topology import Topology
 from de_store.errors import DeStoreError
-from de_store.saver.commit import committed_folder
 from de_store.saver.core import IOOptions, restore_checkpoint, save_checkpoint
-from de_store.saver.retry import RetryPolicy
-from de_store.saver.topology import Topology
 from de_store.testing import StorageLocation
 from de_store.testing.faults import FaultPlan, FaultyFileSystem
 

@@ -18,8 +18,8 @@ import tensorflow as tf
 from mp_worker import expected_rows, rank_keys
 
 import de_store as ds
-from de_store.saver.barrier import CoordinationServiceBarrier
-from de_store.saver.topology import detect_topology
+from de_store.checkpoint.barrier import CoordinationServiceBarrier
+from de_store.checkpoint.topology import detect_topology
 
 KEYS_PER_RANK = 500
 

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 import de_store as ds
-from de_store.saver.barrier import Barrier
+from de_store.checkpoint.barrier import Barrier
 
 # The test interrupts this process with SIGINT: a parent that ignores SIGINT (nohup, a
 # background job of a non-interactive shell) passes that on, and Python then installs no

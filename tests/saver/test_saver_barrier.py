@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from de_store.backends import Backend, open_backend
+from de_store.checkpoint.barrier import StorageBarrier
+from de_store.checkpoint.topology import Topology
 from de_store.errors import BarrierTimeoutError
-from de_store.saver.barrier import StorageBarrier
-from de_store.saver.topology import Topology
 
 
 def leave_stale_notes(backend: Backend) -> None:

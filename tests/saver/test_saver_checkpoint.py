@@ -19,8 +19,8 @@ from saver_helpers import (
 import de_store as ds
 from de_store.backends import open_backend
 from de_store.catalog import list_checkpoints
+from de_store.checkpoint import gc
 from de_store.errors import CheckpointError, CheckpointNotFoundError, ChecksumError
-from de_store.saver import gc
 
 
 def kv_folders(directory: Path) -> list[str]:
@@ -324,7 +324,7 @@ def test_restore_splits_batches_whose_keys_belong_to_several_shards(tmp_path: Pa
     var = make_variable("emb", ds.FileSystemSaver(bucketed=True))
     var.upsert(tf.range(-40_000, 60_000, dtype=tf.int64), tf.random.uniform([100_000, 4]))
     prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
-    from de_store.saver.buckets import choose_num_buckets
+    from de_store.checkpoint.buckets import choose_num_buckets
 
     assert choose_num_buckets(100_000) == 4
     restored = make_variable("emb", ds.FileSystemSaver(), shards=3)

@@ -15,7 +15,7 @@ from mp_worker import expected_rows, rank_keys
 
 import de_store as ds
 from de_store.backends import open_backend
-from de_store.saver.commit import read_manifest
+from de_store.checkpoint.commit import read_manifest
 from de_store.testing.servers import free_ports
 
 WORKER = str(Path(__file__).with_name("coordination_worker.py"))

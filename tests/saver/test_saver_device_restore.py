@@ -21,9 +21,9 @@ from saver_helpers import CPUS, companion_content, content, fill, make_variable
 
 import de_store as ds
 from de_store.backends import open_location
+from de_store.checkpoint.commit import read_manifest
 from de_store.errors import CheckpointCorruptError, ChecksumError
 from de_store.saver import device_load, device_restore
-from de_store.saver.commit import read_manifest
 
 ROWS = 80_000  # two shards of 40,000 rows: 2 key buckets each
 BINARY = {"format": "binary", "bucketed": True}

@@ -18,13 +18,13 @@ import pytest
 import tensorflow as tf
 
 from de_store.backends import open_backend
+from de_store.checkpoint._tf_bundle import read_index
+from de_store.checkpoint.manifest import ColumnSpec
 from de_store.errors import CheckpointError, ChecksumError, FormatError
 from de_store.formats import get_format
 from de_store.formats.base import ShardInfo
 from de_store.saver import device_shards, shards
-from de_store.saver._tf_bundle import read_index
 from de_store.saver.device_shards import DeviceShardRows
-from de_store.saver.manifest import ColumnSpec
 from de_store.saver.variable_rows import VALUE_COLUMN, VariableRows
 
 ROWS = 200_000  # 12 buckets of about 16,700 rows

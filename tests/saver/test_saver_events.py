@@ -15,11 +15,11 @@ import tensorflow as tf
 
 import de_store as ds
 from de_store.backends import open_backend
+from de_store.checkpoint.manifest import ColumnSpec
+from de_store.checkpoint.retry import RetryPolicy
+from de_store.checkpoint.topology import Topology
 from de_store.saver.core import IOOptions, save_checkpoint
-from de_store.saver.manifest import ColumnSpec
-from de_store.saver.retry import RetryPolicy
 from de_store.saver.rows import ShardRows, VariableRows
-from de_store.saver.topology import Topology
 from de_store.testing.faults import FaultPlan, FaultyFileSystem
 
 

@@ -17,12 +17,10 @@ from test_saver_multiprocess import run_ranks
 
 import de_store as ds
 from de_store.backends import open_backend, open_location
-from de_store.errors import CheckpointError, CheckpointNotFoundError
-from de_store.saver import manifest as manifest_module
-from de_store.saver.chain import iter_manifests, parent_reference, resolve_chain
-from de_store.saver.commit import commit_strategy, read_manifest
-from de_store.saver.incremental import IncrementalPolicy
-from de_store.saver.manifest import (
+from de_store.checkpoint import manifest as manifest_module
+from de_store.checkpoint.chain import iter_manifests, parent_reference, resolve_chain
+from de_store.checkpoint.commit import commit_strategy, read_manifest
+from de_store.checkpoint.manifest import (
     ColumnSpec,
     Manifest,
     RankManifest,
@@ -32,6 +30,8 @@ from de_store.saver.manifest import (
     merge_rank_manifests,
     to_json,
 )
+from de_store.errors import CheckpointError, CheckpointNotFoundError
+from de_store.saver.incremental import IncrementalPolicy
 from de_store.testing import StorageLocation
 
 

@@ -11,10 +11,10 @@ from saver_helpers import fill, make_variable
 
 import de_store as ds
 from de_store.backends import open_backend
+from de_store.checkpoint.manifest import ColumnSpec
+from de_store.checkpoint.topology import Topology
 from de_store.saver.core import IOOptions, save_checkpoint
-from de_store.saver.manifest import ColumnSpec
 from de_store.saver.rows import ShardRows, VariableRows
-from de_store.saver.topology import Topology
 
 
 def rows_named(name: str) -> VariableRows:

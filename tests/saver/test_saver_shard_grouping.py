@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from de_store.backends import open_backend
+from de_store.checkpoint.buckets import BucketOrder, choose_num_buckets, key_hash_mod, stable_order
+from de_store.checkpoint.manifest import ColumnSpec
 from de_store.formats import ExtraColumn, SchemaInfo, batch_from_numpy, get_format
 from de_store.saver import shards
-from de_store.saver.buckets import BucketOrder, choose_num_buckets, key_hash_mod, stable_order
-from de_store.saver.manifest import ColumnSpec
 from de_store.saver.variable_rows import (
     VALUE_COLUMN,
     PendingShardRows,

@@ -18,8 +18,8 @@ from saver_helpers import companion_content, content, fill, make_variable
 
 import de_store as ds
 from de_store.backends import open_location
+from de_store.checkpoint.topology import Topology
 from de_store.saver import core
-from de_store.saver.topology import Topology
 
 
 def _records(folder: Path) -> list[dict]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from de_store.saver.topology import Topology, detect_topology
+from de_store.checkpoint.topology import Topology, detect_topology
 
 
 def test_explicit_arguments_win_over_environment() -> None:

@@ -35,8 +35,8 @@ from typing import Any
 import fsspec
 
 from de_store.backends.base import Backend
+from de_store.checkpoint.retry import NO_RETRY, RetryPolicy
 from de_store.errors import DestinationError, StorageUnreachableError
-from de_store.saver.retry import NO_RETRY, RetryPolicy
 
 #: Name prefix of the empty object a probe writes and deletes (``probe=True``).
 PROBE_PREFIX = ".de_store-probe-"

@@ -2,7 +2,7 @@
 
 INFO, one line each: a rank's shards written, a checkpoint committed, a restore done, with
 how long it took, how many bytes and rows. Retries log a WARNING with their cause (see
-:mod:`de_store.saver.retry`). The loggers are children of ``logging.getLogger("de_store")``:
+:mod:`de_store.checkpoint.retry`). The loggers are children of ``logging.getLogger("de_store")``:
 absl's handler (installed by ``absl.app.run`` or ``absl.logging.use_absl_handler()``) shows
 them at verbosity INFO, and ``logging.getLogger("de_store").setLevel(logging.WARNING)``
 silences the INFO lines.
@@ -14,8 +14,8 @@ import logging
 import time
 from collections.abc import Mapping
 
-from de_store.saver.manifest import Manifest, RankManifest, VariableEntry
-from de_store.saver.topology import Topology
+from de_store.checkpoint.manifest import Manifest, RankManifest, VariableEntry
+from de_store.checkpoint.topology import Topology
 
 logger = logging.getLogger("de_store.saver")
 

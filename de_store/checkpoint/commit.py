@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterator
 import google_crc32c
 
 from de_store.backends.base import Backend
+from de_store.checkpoint.manifest import Manifest, manifest_from_json, to_json
+from de_store.checkpoint.retry import NO_RETRY, RetryPolicy, write_once_checked
 from de_store.errors import AlreadyExistsError, CheckpointError, CheckpointNotFoundError
-from de_store.saver.manifest import Manifest, manifest_from_json, to_json
-from de_store.saver.retry import NO_RETRY, RetryPolicy, write_once_checked
 
 COMMIT_PREFIX = "COMMIT-"
 MANIFEST_PREFIX = "manifest-"

@@ -1,12 +1,12 @@
 """Which TF checkpoint a KV checkpoint belongs to, and whether that TF checkpoint is there.
 
-The TF hook records a :class:`~de_store.saver.manifest.TFCheckpointRef` in each KV
+The TF hook records a :class:`~de_store.checkpoint.manifest.TFCheckpointRef` in each KV
 checkpoint's manifest and saves the same random ``checkpoint_id`` in the TF checkpoint. A
 restore refuses a pair whose ids differ (:func:`check_binding`): two runs that share one
 ``save_path`` overwrite each other's KV folders, and the TF checkpoint of the first run
 must not restore the second run's values.
 
-Cleanup (:mod:`de_store.saver.gc`) asks :func:`tf_checkpoint_state` whether a KV
+Cleanup (:mod:`de_store.checkpoint.gc`) asks :func:`tf_checkpoint_state` whether a KV
 checkpoint's TF checkpoint still exists. The TF checkpoint's location is kept relative to
 the KV checkpoint folder, so a run folder that moved as a whole resolves to its new place,
 whatever the working directory; an absolute location (the TF checkpoint on another
@@ -23,9 +23,9 @@ from fsspec.spec import AbstractFileSystem
 
 from de_store.backends.base import Backend
 from de_store.backends.fsspec_generic import FsspecBackend
+from de_store.checkpoint._tf_bundle import INDEX_SUFFIX  # every TF checkpoint's PREFIX.index
+from de_store.checkpoint.manifest import Manifest, TFCheckpointRef
 from de_store.errors import CheckpointMismatchError
-from de_store.saver._tf_bundle import INDEX_SUFFIX  # every TF checkpoint's PREFIX.index
-from de_store.saver.manifest import Manifest, TFCheckpointRef
 
 _LOCAL = (None, "file", "local")
 

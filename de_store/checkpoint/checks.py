@@ -33,13 +33,13 @@ import numpy as np
 import pyarrow as pa
 
 from de_store.backends.base import Backend
+from de_store.checkpoint.buckets import key_hash_mod
+from de_store.checkpoint.commit import latest_generation, manifest_name
+from de_store.checkpoint.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.errors import CheckpointCorruptError, DeStoreError, StorageNotFoundError
 from de_store.formats import FORMATS, SchemaInfo, ShardInfo, get_format
 from de_store.formats._schema import KEY_DTYPES, VALUE_DTYPES, is_count
 from de_store.formats.batches import batch_to_numpy
-from de_store.saver.buckets import key_hash_mod
-from de_store.saver.commit import latest_generation, manifest_name
-from de_store.saver.manifest import ColumnSpec, ShardRecord, VariableEntry
 
 #: Stands for the manifest's file name in problems until one is found (see link_problems).
 _MANIFEST = "manifest"

@@ -6,7 +6,7 @@ and commits it. Readers trust only the merged manifest of a committed checkpoint
 
 An incremental checkpoint (format version 2) names its ``parent``; its incremental entries
 hold only the rows changed since the parent and tombstone shards of the keys removed since
-(see :mod:`de_store.saver.chain`). A manifest without incremental entries is written as
+(see :mod:`de_store.checkpoint.chain`). A manifest without incremental entries is written as
 version 1, so readers that predate incremental checkpoints keep reading full ones.
 
 A checkpoint saved for a TF checkpoint (through ``tf.train.Checkpoint``) records which

@@ -1,6 +1,6 @@
 """Recognising what de_store's saves leave behind, by de_store's own file names.
 
-Used by :mod:`de_store.saver.gc`: a folder counts as de_store's staging only when every
+Used by :mod:`de_store.checkpoint.gc`: a folder counts as de_store's staging only when every
 file in it has a name a save writes (commit records, manifests, ``LOCK``, ``ABORT``,
 ``_ranks/`` and ``_barrier/`` files, shard files ``[removed-]r{rank}-s{shard}-{8 hex}``
 ending as a registered shard format ends its files, and the local backend's
@@ -9,7 +9,7 @@ ending as a registered shard format ends its files, and the local backend's
 ``binary``'s ``-keys``, ``-values`` and ``-{column}`` of every slot column), so a format
 or a column added later is recognised as its writer names it; a shard a parameter server
 writes itself is a binary one whose files are TensorFlow bundles until the saving process
-renames them (:func:`de_store.saver.device_shards.file_name_ends`: ``.tf.index``,
+renames them (:func:`de_store.checkpoint.names.device_shard_file_name_ends`: ``.tf.index``,
 ``.tf.data-00000-of-00001``, either with TensorFlow's ``.tempstate{digits}`` while written).
 
 A restore into parameter-server tasks writes bundle indexes, each with a symlink to the
@@ -24,10 +24,8 @@ from __future__ import annotations
 import re
 
 from de_store.backends.base import Backend
-from de_store.errors import CheckpointError
-from de_store.formats import FORMATS, format_class
-from de_store.saver import _tf_bundle, device_shards
-from de_store.saver.commit import (
+from de_store.checkpoint import _tf_bundle, names
+from de_store.checkpoint.commit import (
     COMMIT_PREFIX,
     PENDING_SUFFIX,
     RANKS_DIR,
@@ -37,7 +35,9 @@ from de_store.saver.commit import (
     manifest_name,
     parse_commit_record,
 )
-from de_store.saver.manifest import Manifest, manifest_from_json
+from de_store.checkpoint.manifest import Manifest, manifest_from_json
+from de_store.errors import CheckpointError
+from de_store.formats import FORMATS, format_class
 
 _TEMP = r"(\.[0-9a-f]{12}\.tmp)?"
 _META = r"LOCK|ABORT|COMMIT-\d+|manifest-\d+\.json"
@@ -47,7 +47,7 @@ def _shard_file_ends() -> str:
     """What any registered format's files add to a shard's path, and what the files of a
     shard written on its device add until they are renamed (one alternative each)."""
     ends = {format_class(name).file_name_ends() for name in FORMATS}
-    return "|".join(sorted(ends | {device_shards.file_name_ends()}))
+    return "|".join(sorted(ends | {names.device_shard_file_name_ends()}))
 
 
 _SHARD = rf"(removed-)?r\d{{5}}-s\d{{5}}-[0-9a-f]{{8}}({_shard_file_ends()})"

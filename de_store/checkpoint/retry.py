@@ -5,7 +5,7 @@ The saver retries whole steps that can be repeated without effect: writing one s
 manifest or shard. A partially written stream is never resumed. A write-once step (the
 commit marker) that failed ambiguously is retried only through :func:`write_once_checked`,
 which first looks whether its own content landed, so a checkpoint is never committed twice.
-Each retry logs a WARNING under ``de_store.saver.retry`` naming its cause.
+Each retry logs a WARNING under ``de_store.checkpoint.retry`` naming its cause.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every shard of every variable is read in full with its recorded ``ShardInfo``, so the
 format checks every byte against the crc32c of its part and of its file; before that,
 each file's presence and size are checked against the manifest. The shard records and the
-rows read go through the checks a restore makes (:mod:`de_store.saver.checks`: every rank
+rows read go through the checks a restore makes (:mod:`de_store.checkpoint.checks`: every rank
 and shard there, byte ranges inside their files, no null key, each key in its part's
 bucket), and no key may be held twice. A delta's tombstone shards are read like its row
 shards, and every link of its chain must exist and be committed. Needs no TensorFlow
@@ -17,20 +17,20 @@ import dataclasses
 import numpy as np
 
 from de_store.backends.base import Backend
-from de_store.errors import CheckpointError, DeStoreError
-from de_store.formats import ShardInfo
-from de_store.formats.base import DEFAULT_BUFFER_SIZE
-from de_store.progress import NO_PROGRESS, Progress
-from de_store.saver.chain import resolve_chain
-from de_store.saver.checks import (
+from de_store.checkpoint.chain import resolve_chain
+from de_store.checkpoint.checks import (
     Problem,
     link_problems,
     read_checked,
     repeated_key,
     size_problems,
 )
-from de_store.saver.commit import read_manifest
-from de_store.saver.manifest import Manifest, ShardRecord
+from de_store.checkpoint.commit import read_manifest
+from de_store.checkpoint.manifest import Manifest, ShardRecord
+from de_store.errors import CheckpointError, DeStoreError
+from de_store.formats import ShardInfo
+from de_store.formats.base import DEFAULT_BUFFER_SIZE
+from de_store.progress import NO_PROGRESS, Progress
 
 __all__ = ["Problem", "VerifyReport", "verify_checkpoint"]
 

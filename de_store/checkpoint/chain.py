@@ -1,7 +1,7 @@
 """Chains of incremental checkpoints: a full checkpoint and the deltas saved on it.
 
 An incremental checkpoint's manifest names its ``parent`` (see
-:class:`~de_store.saver.manifest.Manifest`); following the parents of one variable's
+:class:`~de_store.checkpoint.manifest.Manifest`); following the parents of one variable's
 incremental entries back to its full entry gives the chain a restore applies, oldest first.
 Every link must be committed, and must still be the generation the child was saved on.
 """
@@ -12,10 +12,10 @@ import posixpath
 from collections.abc import Iterator
 
 from de_store.backends.base import Backend
+from de_store.checkpoint.commit import PENDING_SUFFIX, read_manifest
+from de_store.checkpoint.manifest import Manifest, VariableEntry
+from de_store.checkpoint.retry import NO_RETRY, RetryPolicy
 from de_store.errors import CheckpointError, CheckpointNotFoundError
-from de_store.saver.commit import PENDING_SUFFIX, read_manifest
-from de_store.saver.manifest import Manifest, VariableEntry
-from de_store.saver.retry import NO_RETRY, RetryPolicy
 
 
 def parent_reference(parent_url: str, child_url: str) -> str:

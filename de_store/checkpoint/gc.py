@@ -2,7 +2,7 @@
 
 gc works on a folder *of* checkpoints (``run/de_store``, holding ``ckpt-1/``, ``ckpt-2/``)
 and deletes only what de_store wrote and can show to be abandoned, recognised by
-de_store's own file names (:mod:`de_store.saver.staging`):
+de_store's own file names (:mod:`de_store.checkpoint.staging`):
 
 - staging of saves that never committed: ``NAME.pending/`` folders (with their ``LOCK``),
   and on object stores (no atomic rename) an uncommitted ``NAME/`` folder, the
@@ -27,16 +27,16 @@ import time
 from collections.abc import Iterable
 
 from de_store.backends.base import Backend
-from de_store.errors import CheckpointError, GCRefusedError
-from de_store.saver import binding, staging
-from de_store.saver.chain import parent_folder
-from de_store.saver.commit import (
+from de_store.checkpoint import binding, staging
+from de_store.checkpoint.chain import parent_folder
+from de_store.checkpoint.commit import (
     COMMIT_PREFIX,
     PENDING_SUFFIX,
     committed_folder,
     read_manifest,
 )
-from de_store.saver.manifest import Manifest
+from de_store.checkpoint.manifest import Manifest
+from de_store.errors import CheckpointError, GCRefusedError
 
 #: Default grace period: staging and orphans modified more recently are kept.
 DEFAULT_GRACE_S = 3600.0

@@ -22,9 +22,9 @@ import uuid
 from collections.abc import Callable
 
 from de_store.backends.base import Backend
+from de_store.checkpoint.retry import NO_RETRY, RetryPolicy, is_transient
+from de_store.checkpoint.topology import Topology
 from de_store.errors import BarrierTimeoutError
-from de_store.saver.retry import NO_RETRY, RetryPolicy, is_transient
-from de_store.saver.topology import Topology
 
 BARRIER_DIR = "_barrier"
 _POLL_START_S = 0.005
