@@ -5,6 +5,7 @@ Open one with :func:`open_backend` (or a checkpoint's parent folder with
 """
 
 from .base import Backend, Capabilities, IOStats
+from .location import Location
 from .registry import BackendSpec, backend_class, open_backend, open_location, register_backend
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "BackendSpec",
     "Capabilities",
     "IOStats",
+    "Location",
     "backend_class",
     "open_backend",
     "open_location",
