@@ -9,7 +9,7 @@ On a local temporary directory, with one ``de_store`` Variable (``HashTable`` sh
   and removes) and the next save is a delta: ``delta_saves_s`` and ``deltas_bytes`` (the
   bytes of each folder), ``first_delta_save_s`` (with the first delta's one-time costs);
 * the same table is then saved once more as a full checkpoint, and the chain is compacted
-  into a full checkpoint (``compact_s``, :func:`de_store.compact.compact`);
+  into a full checkpoint (``compact_s``, :func:`de_store.compaction.compact`);
 * ``full_save_s`` / ``full_bytes``: that second full save (warm, like the deltas) and its
   bytes; ``delta_save_s`` / ``delta_bytes``: the median of the 5 delta saves and the
   bytes of the first delta;
@@ -133,7 +133,7 @@ def kind_of(url: str) -> str:
 
 def phase_save(args: argparse.Namespace) -> None:
     tf, de_store = setup_tf(args.shards)
-    from de_store.compact import compact
+    from de_store.compaction import compact
 
     variable = make_variable(tf, de_store, args)
     out: dict[str, Any] = {}

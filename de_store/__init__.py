@@ -45,7 +45,7 @@ _use_xla_cache()  # before TensorFlow's runtime starts: it reads TF_XLA_FLAGS on
 
 if TYPE_CHECKING:
     from de_store._variable_args import InvalidValuesError
-    from de_store.compact import compact
+    from de_store.compaction import compact
     from de_store.embedding import TrainableWrapper, embedding_lookup, trainable_wrapper_filter
     from de_store.modes import ModelMode, enable_inference_mode, enable_train_mode, get_model_mode
     from de_store.optimizers import DynamicEmbeddingOptimizer
@@ -82,7 +82,7 @@ _LAZY_NAMES = {
     "TimestampRestrictPolicy": "de_store.restrict",
     "FileSystemSaver": "de_store.saver",
     "IncrementalPolicy": "de_store.saver.incremental",
-    "compact": "de_store.compact",
+    "compact": "de_store.compaction",
     "SaveHandle": "de_store.saver",
     "restore": "de_store.saver",
     "save": "de_store.saver",

@@ -36,7 +36,7 @@ from de_store.checkpoint._tf_bundle import INDEX_SUFFIX, read_index
 from de_store.checkpoint.checks import check_link
 from de_store.checkpoint.commit import read_manifest
 from de_store.checkpoint.manifest import ColumnSpec, ShardRecord, VariableEntry
-from de_store.compact import chain_source, compact, flattened_source
+from de_store.compaction import chain_source, compact, flattened_source
 from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
 from de_store.formats import FORMATS, batch_to_numpy, tfra
 from de_store.formats.batches import batch_from_numpy
@@ -53,7 +53,7 @@ _TFRA_FILE = re.compile(r"^(?:.*/)?(.+)_mht_(\d+)of(\d+)_rank(\d+)_size(\d+)-key
 # --- sources ----------------------------------------------------------------------------
 def checkpoint_source(backend: Backend, name: str) -> list[SourceVariable]:
     """The variables of the committed de_store checkpoint ``name`` under ``backend``; of an
-    incremental one, with its chain applied (see :func:`de_store.compact.flattened_source`)."""
+    incremental one, with its chain applied (see :func:`de_store.compaction.flattened_source`)."""
     folder, manifest = read_manifest(backend, name)
     if manifest.incremental:
         return flattened_source(backend, name)

@@ -47,7 +47,7 @@ def run_fresh(commands: list[list[str]], *modules: str) -> tuple[list[int], list
 
 
 def test_importing_compact_convert_and_the_test_helpers_loads_neither_tf_nor_pytest() -> None:
-    modules = ["de_store", "de_store.compact", "de_store.convert", "de_store.testing"]
+    modules = ["de_store", "de_store.compaction", "de_store.convert", "de_store.testing"]
     assert run_fresh([], *modules) == ([], [])
 
 
@@ -161,7 +161,7 @@ def circles() -> list[set[str]]:
 def test_the_rewriting_and_row_modules_are_in_no_import_circle() -> None:
     mine = {
         "de_store._rewrite",
-        "de_store.compact",
+        "de_store.compaction",
         "de_store.convert",
         "de_store.saver.incremental",
         "de_store.saver.rows",
@@ -185,13 +185,13 @@ def test_the_tf_hook_knows_variables_by_the_class_they_register() -> None:
 
 
 def test_de_store_compact_is_the_function_after_its_module_was_imported(tmp_path) -> None:
-    """``import de_store.compact`` makes ``de_store.compact`` the module (Python's import
-    system sets it); it must still compact when called, as the docs call it."""
+    """``de_store.compact`` is the function, also after ``import de_store.compaction``
+    (the module that holds it); it compacts when called, as the docs call it."""
     var = ds.Variable("emb", dim=2)
     var.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 2]))
     ds.save([var], str(tmp_path / "ck"), blocking=True)
     script = (
-        "import sys, de_store.compact, de_store as ds\n"
+        "import sys, de_store.compaction, de_store as ds\n"
         "print(ds.compact(sys.argv[1], sys.argv[2]))\n"
     )
     src, out = str(tmp_path / "ck"), str(tmp_path / "flat")

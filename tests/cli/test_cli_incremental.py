@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import de_store as ds
 from de_store.cli import main
-from de_store.compact import compact
+from de_store.compaction import compact
 from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
 
 DIM = 4

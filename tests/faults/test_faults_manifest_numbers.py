@@ -174,7 +174,7 @@ def test_byte_counts_that_agree_with_each_other_but_not_with_the_file_are_refuse
 def test_compact_and_convert_refuse_a_hostile_number_and_write_nothing(
     saved: Path, tmp_path: Path, field: str
 ) -> None:
-    from de_store.compact import compact
+    from de_store.compaction import compact
     from de_store.convert import convert
 
     src = tmp_path / "src"

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import sys
-import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -427,16 +425,3 @@ class _RankRows:
             self._rows = ShardRows(rows.keys[mine], {c: v[mine] for c, v in rows.columns.items()})
         keep = np.mod(self._rows.keys, tables) == index
         return self._rows.keys[keep], {c: v[keep] for c, v in self._rows.columns.items()}
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as :func:`compact`. Importing ``de_store.compact`` sets the
-    attribute ``de_store.compact`` to the module (Python's import system does, after the
-    module ran), hiding the function that ``de_store`` exports under the same name; so
-    ``de_store.compact(url, out_url)`` works whichever of the two it finds."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> str:
-        return compact(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
