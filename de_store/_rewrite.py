@@ -10,7 +10,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from de_store.backends import Backend
+from de_store.backends import Backend, Location
+from de_store.checkpoint import names
 from de_store.checkpoint.commit import CommitStrategy, commit_strategy
 from de_store.checkpoint.manifest import (
     ColumnSpec,
@@ -75,7 +76,7 @@ def commit_ranks(
     staging = strategy.backend.sub(strategy.staging)
     ranks = [RankManifest(r, len(entries), entries[r]) for r in range(len(entries))]
     for manifest in ranks:
-        staging.write_bytes(f"_ranks/rank-{manifest.rank:05d}.json", to_json(manifest))
+        staging.write_bytes(names.rank_manifest_path(manifest.rank, None), to_json(manifest))
     strategy.commit(merge_rank_manifests(ranks, metadata=metadata))
 
 
@@ -85,7 +86,7 @@ def new_checkpoint(backend: Backend, name: str) -> Iterator[CommitStrategy]:
     what was staged is removed if the block fails before the commit."""
     if backend.exists(name):
         raise CheckpointError(
-            f"{backend.url.rstrip('/')}/{name} exists already: convert writes a new checkpoint"
+            f"{Location(backend, name).url} exists already: convert writes a new checkpoint"
         )
     strategy = commit_strategy(backend, name)
     try:

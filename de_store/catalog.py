@@ -17,15 +17,9 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from de_store.backends import Backend, open_backend, open_location
-from de_store.checkpoint import gc
+from de_store.checkpoint import gc, names
 from de_store.checkpoint.chain import iter_manifests, parent_folder
 from de_store.checkpoint.commit import (
-    ABORT_NAME,
-    COMMIT_PREFIX,
-    MANIFEST_PREFIX,
-    PENDING_SUFFIX,
-    RANKS_DIR,
-    commit_name,
     committed_folder,
     latest_generation,
     parse_commit_record,
@@ -78,15 +72,15 @@ def _marker_folder(path: str) -> str | None:
     """
     parts = path.split("/")
     for index, part in enumerate(parts[:-1]):
-        if part.endswith(PENDING_SUFFIX):
+        if names.is_pending(part):
             return "/".join(parts[: index + 1])
     head, base = posixpath.split(path)
-    if base.startswith(COMMIT_PREFIX) or (
-        base.startswith(MANIFEST_PREFIX) and base.endswith(".json")
+    if base.startswith(names.COMMIT_PREFIX) or (
+        base.startswith(names.MANIFEST_PREFIX) and base.endswith(".json")
     ):
         return head
-    if RANKS_DIR in parts[:-1]:
-        return "/".join(parts[: parts.index(RANKS_DIR)])
+    if names.RANKS_DIR in parts[:-1]:
+        return "/".join(parts[: parts.index(names.RANKS_DIR)])
     return None
 
 
@@ -105,7 +99,7 @@ def find_checkpoint_folders(backend: Backend) -> dict[str, list[str]]:
 def _step_of(folder: str, manifest: Manifest | None) -> int | None:
     if manifest is not None and isinstance(manifest.metadata.get("step"), int):
         return int(manifest.metadata["step"])
-    name = posixpath.basename(folder).removesuffix(PENDING_SUFFIX)
+    name = names.checkpoint_of_pending(posixpath.basename(folder))
     match = _STEP.search(name)
     return int(match.group(1)) if match else None
 
@@ -123,13 +117,13 @@ def summarize(backend: Backend, folder: str, files: list[str]) -> CheckpointSumm
             return dataclasses.replace(
                 _files_summary(backend, folder, files, "damaged"), problem=str(err)
             )
-    aborted = any(posixpath.basename(p) == ABORT_NAME for p in files)
+    aborted = any(posixpath.basename(p) == names.ABORT_NAME for p in files)
     return _files_summary(backend, folder, files, "aborted" if aborted else "uncommitted")
 
 
 def _committed_summary(backend: Backend, folder: str) -> CheckpointSummary:
     _, manifest = read_manifest(backend, folder)
-    marker = backend.join(folder, commit_name(latest_generation(backend, folder)))
+    marker = backend.join(folder, names.commit_name(latest_generation(backend, folder)))
     try:
         record = parse_commit_record(backend.read_bytes(marker))
         committed = float(cast(float, record["committed"]))
@@ -277,7 +271,7 @@ def describe(url: str, storage_options: dict[str, Any] | None = None) -> dict[st
     backend, name = open_location(url, storage_options)
     folder, manifest = read_manifest(backend, name)
     generation = latest_generation(backend, folder)
-    record = json.loads(backend.read_bytes(backend.join(folder, commit_name(generation))))
+    record = json.loads(backend.read_bytes(backend.join(folder, names.commit_name(generation))))
     variables = {}
     shards_per_rank: dict[int, int] = {}
     for var_name, entry in sorted(manifest.variables.items()):

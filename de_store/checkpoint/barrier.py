@@ -22,11 +22,12 @@ import uuid
 from collections.abc import Callable
 
 from de_store.backends.base import Backend
+from de_store.backends.location import Location
+from de_store.checkpoint import names
 from de_store.checkpoint.retry import NO_RETRY, RetryPolicy, is_transient
 from de_store.checkpoint.topology import Topology
 from de_store.errors import BarrierTimeoutError
 
-BARRIER_DIR = "_barrier"
 _POLL_START_S = 0.005
 _POLL_MAX_S = 0.25
 #: Storage requests per second that the waiting ranks of one job make together, at most
@@ -92,7 +93,7 @@ class StorageBarrier(Barrier):
         self._retry = retry
 
     def _arrival(self, tag: str, rank: int) -> str:
-        return self._backend.join(self._folder, BARRIER_DIR, tag, f"rank-{rank:05d}")
+        return self._backend.join(self._folder, names.barrier_file(tag, rank))
 
     def wait(self, tag: str, timeout_s: float) -> None:
         arrival = self._arrival(tag, self._topology.proc_rank)
@@ -187,7 +188,7 @@ class StorageBarrier(Barrier):
 
     @property
     def _where(self) -> str:
-        return f"{self._backend.url.rstrip('/')}/{self._folder}"
+        return Location(self._backend, self._folder).url
 
     def _timeout(self, tag: str, missing: list[int], timeout_s: float) -> BarrierTimeoutError:
         return BarrierTimeoutError(

@@ -12,7 +12,9 @@ import posixpath
 from collections.abc import Iterator
 
 from de_store.backends.base import Backend
-from de_store.checkpoint.commit import PENDING_SUFFIX, read_manifest
+from de_store.backends.location import Location
+from de_store.checkpoint import names
+from de_store.checkpoint.commit import read_manifest
 from de_store.checkpoint.manifest import Manifest, VariableEntry
 from de_store.checkpoint.retry import NO_RETRY, RetryPolicy
 from de_store.errors import CheckpointError, CheckpointNotFoundError
@@ -33,11 +35,11 @@ def parent_folder(backend: Backend, name: str, parent: str) -> str:
     """
     if "://" not in parent and not parent.startswith("/"):
         return posixpath.join(posixpath.dirname(name.strip("/")), parent)
-    root = backend.url.rstrip("/") + "/"
+    root = Location(backend).url + "/"
     if parent.startswith(root):
         return parent[len(root) :]
     raise CheckpointError(
-        f"checkpoint {_where(backend, name)} is a delta on {parent}, outside {backend.url}: "
+        f"checkpoint {Location(backend, name).url} is a delta on {parent}, outside {backend.url}: "
         "chains must stay within one location"
     )
 
@@ -52,13 +54,13 @@ def iter_manifests(
     seen: set[str] = set()
     while True:
         if link in seen:
-            raise CheckpointError(f"checkpoint {_where(backend, link)} is its own ancestor")
+            raise CheckpointError(f"checkpoint {Location(backend, link).url} is its own ancestor")
         seen.add(link)
         folder, manifest = _read_link(backend, link, child, retry)
         if expected_created is not None and manifest.created != expected_created:
             raise CheckpointError(
-                f"checkpoint {_where(backend, child or link)} depends on "
-                f"{_where(backend, link)}, which was rewritten after it was saved (its "
+                f"checkpoint {Location(backend, child or link).url} depends on "
+                f"{Location(backend, link).url}, which was rewritten after it was saved (its "
                 f"manifest was created at {manifest.created}, expected {expected_created})"
             )
         yield folder, manifest
@@ -93,10 +95,10 @@ def chain_links(
     chain: list[tuple[str, Manifest, VariableEntry]] = []
     previous = name.strip("/")
     for folder, manifest in iter_manifests(backend, name, retry):
-        where = _where(backend, folder)
+        where = Location(backend, folder).url
         if variable_name not in manifest.variables and chain:
             raise CheckpointError(
-                f"checkpoint {_where(backend, previous)} saved variable {variable_name!r} "
+                f"checkpoint {Location(backend, previous).url} saved variable {variable_name!r} "
                 f"as a delta on {where}, which has no variable {variable_name!r}"
             )
         entry = manifest.variable(variable_name, where)
@@ -120,16 +122,14 @@ def _read_link(
     except CheckpointNotFoundError as err:
         if child is None:
             raise
-        needed = f"checkpoint {_where(backend, child)} depends on {_where(backend, link)}"
-        if backend.exists(link) or backend.exists(link + PENDING_SUFFIX):
+        needed = (
+            f"checkpoint {Location(backend, child).url} depends on {Location(backend, link).url}"
+        )
+        if backend.exists(link) or backend.exists(names.pending_folder(link)):
             raise CheckpointError(
-                f"{needed}, which is not committed (no COMMIT-* marker): its save failed "
-                "or is still running"
+                f"{needed}, which is not committed (no {names.COMMIT_PREFIX}* marker): its "
+                "save failed or is still running"
             ) from err
         raise CheckpointNotFoundError(
             f"{needed}, which does not exist: every link of an incremental chain is needed"
         ) from err
-
-
-def _where(backend: Backend, name: str) -> str:
-    return f"{backend.url.rstrip('/')}/{name.strip('/')}"

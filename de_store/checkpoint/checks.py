@@ -33,8 +33,10 @@ import numpy as np
 import pyarrow as pa
 
 from de_store.backends.base import Backend
+from de_store.backends.location import Location
+from de_store.checkpoint import names
 from de_store.checkpoint.buckets import key_hash_mod
-from de_store.checkpoint.commit import latest_generation, manifest_name
+from de_store.checkpoint.commit import latest_generation
 from de_store.checkpoint.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.errors import CheckpointCorruptError, DeStoreError, StorageNotFoundError
 from de_store.formats import FORMATS, SchemaInfo, ShardInfo, get_format
@@ -86,13 +88,12 @@ def link_problems(
     problems = [p for entry in entries for p in entry_problems(entry, proc_size, _MANIFEST)]
     if not problems:
         return []
-    base = backend.url.rstrip("/")
-    manifest = f"{base}/{backend.join(folder, manifest_name(latest_generation(backend, folder)))}"
+    where = Location(backend, folder)
+    manifest = (where / names.manifest_name(latest_generation(backend, folder))).url
     return [
-        dataclasses.replace(p, path=manifest if p.path == _MANIFEST else f"{base}/"
-                            f"{backend.join(folder, p.path)}")
+        dataclasses.replace(p, path=manifest if p.path == _MANIFEST else (where / p.path).url)
         for p in problems
-    ]  # fmt: skip
+    ]
 
 
 def check_link(
@@ -103,9 +104,9 @@ def check_link(
     then its files' real sizes. What a reader checks before it sizes, allocates or loops
     over anything from the entry's numbers; ``where`` names the checkpoint read."""
     raise_first(link_problems(backend, folder, proc_size, [entry]), where)
-    url = f"{backend.url.rstrip('/')}/{folder}"
+    url = Location(backend, folder)
     sizes = size_problems(backend.sub(folder), [*entry.shards, *entry.removed])
-    sizes = [dataclasses.replace(p, path=f"{url}/{p.path}") for p in sizes]
+    sizes = [dataclasses.replace(p, path=(url / p.path).url) for p in sizes]
     for problem in sizes:
         if problem.message == MISSING:
             raise StorageNotFoundError(f"checkpoint {where} is damaged: {problem.path}: {MISSING}")

@@ -29,25 +29,11 @@ from collections.abc import Callable, Iterator
 import google_crc32c
 
 from de_store.backends.base import Backend
+from de_store.backends.location import Location
+from de_store.checkpoint import names
 from de_store.checkpoint.manifest import Manifest, manifest_from_json, to_json
 from de_store.checkpoint.retry import NO_RETRY, RetryPolicy, write_once_checked
 from de_store.errors import AlreadyExistsError, CheckpointError, CheckpointNotFoundError
-
-COMMIT_PREFIX = "COMMIT-"
-MANIFEST_PREFIX = "manifest-"
-ABORT_NAME = "ABORT"
-LOCK_NAME = "LOCK"
-PENDING_SUFFIX = ".pending"
-REPLACED_INFIX = ".replaced-"
-RANKS_DIR = "_ranks"
-
-
-def commit_name(generation: int) -> str:
-    return f"{COMMIT_PREFIX}{generation:06d}"
-
-
-def manifest_name(generation: int) -> str:
-    return f"{MANIFEST_PREFIX}{generation:06d}.json"
 
 
 class CommitStrategy(abc.ABC):
@@ -118,14 +104,14 @@ class CommitStrategy(abc.ABC):
 
     def abort(self, reason: str) -> None:
         """Record why this save attempt failed, so its waiting ranks stop with that reason."""
-        path = self.backend.join(self.work, ABORT_NAME)
+        path = self.backend.join(self.work, names.ABORT_NAME)
         data = json.dumps({"save_id": self.save_id, "reason": reason}).encode()
         self.retry.call(lambda: self.backend.write_bytes(path, data))
 
     def aborted(self) -> str | None:
         """Why this save attempt failed, once rank 0 recorded it; None before (an ``ABORT``
         of another attempt of the same job is not this attempt's)."""
-        path = self.backend.join(self.work, ABORT_NAME)
+        path = self.backend.join(self.work, names.ABORT_NAME)
         try:
             record = json.loads(self.backend.read_bytes(path))
         except (FileNotFoundError, ValueError):
@@ -136,7 +122,7 @@ class CommitStrategy(abc.ABC):
 
     @property
     def where(self) -> str:
-        return f"{self.backend.url.rstrip('/')}/{self.name}"
+        return Location(self.backend, self.name).url
 
     def _record(self, generation: int, data: bytes) -> bytes:
         fields = {
@@ -173,8 +159,7 @@ class RenameCommit(CommitStrategy):
 
     @property
     def staging(self) -> str:
-        pending = self.name + PENDING_SUFFIX
-        return f"{pending}/{self.token}" if self.token else pending
+        return names.pending_folder(self.name, self.token)
 
     @property
     def work(self) -> str:
@@ -186,7 +171,7 @@ class RenameCommit(CommitStrategy):
         self._began = True
 
     def _take_lock(self) -> None:
-        lock = self.backend.join(self.staging, LOCK_NAME)
+        lock = self.backend.join(self.staging, names.LOCK_NAME)
         if self.token:  # the job's own folder: this attempt takes it over
             self.retry.call(lambda: self.backend.write_bytes(lock, self.save_id.encode()))
             return
@@ -194,7 +179,7 @@ class RenameCommit(CommitStrategy):
             write_once_checked(self.backend, lock, self.save_id.encode(), self.retry)
         except AlreadyExistsError as err:
             raise AlreadyExistsError(
-                f"cannot save {self.where}: {self.backend.url.rstrip('/')}/{lock} exists, "
+                f"cannot save {self.where}: {Location(self.backend, lock).url} exists, "
                 "another save in progress (or an interrupted one: `de-store gc` removes it)"
             ) from err
 
@@ -203,9 +188,9 @@ class RenameCommit(CommitStrategy):
             self._base = self.retry.call(self.committed_state)
         data = to_json(manifest)
         staging = self.backend.sub(self.staging)
-        self.retry.call(lambda: staging.write_bytes(manifest_name(1), data))
+        self.retry.call(lambda: staging.write_bytes(names.manifest_name(1), data))
         record = self._record(1, data)
-        self.retry.call(lambda: staging.write_bytes(commit_name(1), record))
+        self.retry.call(lambda: staging.write_bytes(names.commit_name(1), record))
         self._check_lock()
         aside = self._move_aside()
         try:
@@ -223,7 +208,7 @@ class RenameCommit(CommitStrategy):
     def _check_lock(self) -> None:
         if not self._began:
             return
-        lock = self.backend.join(self.staging, LOCK_NAME)
+        lock = self.backend.join(self.staging, names.LOCK_NAME)
         if self.retry.call(lambda: self.backend.read_bytes(lock)) != self.save_id.encode():
             raise self._lost(f"{lock} was taken over by another save")
 
@@ -233,7 +218,7 @@ class RenameCommit(CommitStrategy):
             raise self._lost("another save committed it after this one began")
         if self._base is None:
             return None
-        aside = f"{self.name}{REPLACED_INFIX}{uuid.uuid4().hex[:12]}"
+        aside = names.replaced_name(self.name)
         self.retry.call(lambda: self.backend.publish(self.name, aside))
         if commit_record(self.backend, aside) != self._base:  # replaced in between
             with contextlib.suppress(Exception):
@@ -255,7 +240,7 @@ class RenameCommit(CommitStrategy):
         """Drop the emptied ``NAME.pending`` parent; rmdir keeps other saves' folders."""
         if not self.token:
             return
-        path = self.backend.local_path(self.name + PENDING_SUFFIX)
+        path = self.backend.local_path(names.pending_folder(self.name))
         if path is not None:
             with contextlib.suppress(OSError):
                 os.rmdir(path)
@@ -280,7 +265,7 @@ class MarkerCommit(CommitStrategy):
 
     @property
     def work(self) -> str:
-        return f"{self.name}/{RANKS_DIR}/{self.token}" if self.token else self.name
+        return names.job_folder(self.name, self.token)
 
     def begin(self) -> None:
         self._generation = self.retry.call(lambda: claimed_generation(self.backend, self.name))
@@ -291,13 +276,13 @@ class MarkerCommit(CommitStrategy):
             self.begin()
         generation = self._generation + 1
         data = to_json(manifest)
-        path = self.backend.join(self.name, manifest_name(generation))
+        path = self.backend.join(self.name, names.manifest_name(generation))
         try:
             write_once_checked(self.backend, path, data, self.retry)
         except AlreadyExistsError as err:
             raise self._lost(f"another save claimed generation {generation} first") from err
         record = self._record(generation, data)
-        marker = self.backend.join(self.name, commit_name(generation))
+        marker = self.backend.join(self.name, names.commit_name(generation))
         write_once_checked(self.backend, marker, record, self.retry)
 
 
@@ -352,7 +337,7 @@ def commit_record(backend: Backend, folder: str) -> bytes | None:
     if not generation:
         return None
     try:
-        return backend.read_bytes(backend.join(folder, commit_name(generation)))
+        return backend.read_bytes(backend.join(folder, names.commit_name(generation)))
     except FileNotFoundError:
         return None
 
@@ -360,23 +345,24 @@ def commit_record(backend: Backend, folder: str) -> bytes | None:
 def claimed_generation(backend: Backend, folder: str) -> int:
     """The highest generation with a commit record or a manifest (claimed) in ``folder``."""
     found = [latest_generation(backend, folder)]
-    for path in backend.list(folder):
-        base = path.rsplit("/", 1)[-1]
-        digits = base[len(MANIFEST_PREFIX) : -len(".json")]
-        top = path.count("/") == folder.count("/") + 1
-        if top and base.startswith(MANIFEST_PREFIX) and base.endswith(".json") and digits.isdigit():
-            found.append(int(digits))
+    for path in _top_files(backend, folder):
+        generation = names.manifest_generation(path.rsplit("/", 1)[-1])
+        if generation is not None:
+            found.append(generation)
     return max(found)
+
+
+def _top_files(backend: Backend, folder: str) -> list[str]:
+    """The paths of the files right in ``folder``."""
+    return [p for p in backend.list(folder) if p.count("/") == folder.count("/") + 1]
 
 
 def _generations(backend: Backend, folder: str) -> list[int]:
     found = []
-    for path in backend.list(folder):
-        base = path.rsplit("/", 1)[-1]
-        if path.count("/") == folder.count("/") + 1 and base.startswith(COMMIT_PREFIX):
-            suffix = base[len(COMMIT_PREFIX) :]
-            if suffix.isdigit():
-                found.append(int(suffix))
+    for path in _top_files(backend, folder):
+        generation = names.commit_generation(path.rsplit("/", 1)[-1])
+        if generation is not None:
+            found.append(generation)
     return sorted(found)
 
 
@@ -399,7 +385,7 @@ def committed_folder(backend: Backend, name: str) -> str | None:
     for path in backend.list(parent):
         rel = path[len(parent) + 1 :] if parent else path
         first = rel.split("/", 1)[0]
-        if first.startswith(base + REPLACED_INFIX):
+        if first.startswith(base + names.REPLACED_INFIX):
             folder = backend.join(parent, first)
             if latest_generation(backend, folder):
                 return folder
@@ -417,13 +403,13 @@ def read_manifest(backend: Backend, name: str) -> tuple[str, Manifest]:
         The manifest is missing, truncated or altered since commit.
     """
     folder = committed_folder(backend, name)
-    where = f"{backend.url.rstrip('/')}/{name.strip('/')}"
+    where = Location(backend, name).url
     if folder is None:
         raise CheckpointNotFoundError(
-            f"no committed checkpoint at {where}: expected a {COMMIT_PREFIX}* marker there"
+            f"no committed checkpoint at {where}: expected a {names.COMMIT_PREFIX}* marker there"
         )
     generation = latest_generation(backend, folder)
-    marker = backend.join(folder, commit_name(generation))
+    marker = backend.join(folder, names.commit_name(generation))
     try:
         record = parse_commit_record(backend.read_bytes(marker))
         expected = (int(record["manifest_bytes"]), int(record["manifest_crc32c"]))  # type: ignore[call-overload]
@@ -431,9 +417,9 @@ def read_manifest(backend: Backend, name: str) -> tuple[str, Manifest]:
         raise CheckpointError(f"{where}: commit record {marker} vanished while read") from err
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(
-            f"{backend.url.rstrip('/')}/{marker}: commit record is not valid ({err})"
+            f"{Location(backend, marker).url}: commit record is not valid ({err})"
         ) from err
-    path = backend.join(folder, manifest_name(generation))
+    path = backend.join(folder, names.manifest_name(generation))
     try:
         data = backend.read_bytes(path)
     except FileNotFoundError as err:
@@ -441,7 +427,7 @@ def read_manifest(backend: Backend, name: str) -> tuple[str, Manifest]:
     crc = google_crc32c.value(data)
     if (len(data), crc) != expected:
         raise CheckpointError(
-            f"{backend.url.rstrip('/')}/{path}: expected {expected[0]} bytes "
+            f"{Location(backend, path).url}: expected {expected[0]} bytes "
             f"with crc32c {expected[1]} (as recorded in {marker}), found "
             f"{len(data)} bytes with crc32c {crc}"
         )
@@ -477,7 +463,7 @@ def removed_while_read(
             or committed_folder(backend, name) is not None
         ):
             raise
-        where = f"{backend.url.rstrip('/')}/{name.strip('/')}"
+        where = Location(backend, name).url
         cause = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointNotFoundError(
             f"checkpoint {where} was removed while it was being restored (found: {cause}); the "

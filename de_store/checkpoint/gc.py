@@ -27,14 +27,10 @@ import time
 from collections.abc import Iterable
 
 from de_store.backends.base import Backend
-from de_store.checkpoint import binding, staging
+from de_store.backends.location import Location
+from de_store.checkpoint import binding, names, staging
 from de_store.checkpoint.chain import parent_folder
-from de_store.checkpoint.commit import (
-    COMMIT_PREFIX,
-    PENDING_SUFFIX,
-    committed_folder,
-    read_manifest,
-)
+from de_store.checkpoint.commit import committed_folder, read_manifest
 from de_store.checkpoint.manifest import Manifest
 from de_store.errors import CheckpointError, GCRefusedError
 
@@ -76,22 +72,23 @@ def check_target(backend: Backend, paths: Iterable[str] | None = None) -> None:
         The location holds a commit record, manifest or ``_ranks/`` folder itself, or a
         committed checkpoint deeper than one folder down (outside staging folders).
     """
-    where = backend.url.rstrip("/")
+    root = Location(backend)
+    where = root.url
     for path in backend.list("") if paths is None else paths:
         parts = path.split("/")
-        if (len(parts) == 1 and staging.is_checkpoint_file(parts[0])) or parts[0] == "_ranks":
+        if (len(parts) == 1 and names.is_checkpoint_file(parts[0])) or parts[0] == names.RANKS_DIR:
             raise GCRefusedError(
-                f"refusing to gc {where}: it is a checkpoint itself ({where}/{path}); point "
-                "gc at the folder that holds the checkpoints, e.g. its parent"
+                f"refusing to gc {where}: it is a checkpoint itself ({(root / path).url}); "
+                "point gc at the folder that holds the checkpoints, e.g. its parent"
             )
-        deep = len(parts) > 2 and not parts[0].endswith(PENDING_SUFFIX)
-        record = parts[-1].startswith(COMMIT_PREFIX) and staging.is_checkpoint_file(parts[-1])
-        if deep and record and "_ranks" not in parts:
+        deep = len(parts) > 2 and not names.is_pending(parts[0])
+        record = names.commit_generation(parts[-1]) is not None
+        if deep and record and names.RANKS_DIR not in parts:
             holder = "/".join(parts[:-2])
             raise GCRefusedError(
                 f"refusing to gc {where}: it holds the committed checkpoint "
-                f"{where}/{'/'.join(parts[:-1])} below its direct children; gc works on a "
-                f"folder of checkpoints: point it at {where}/{holder}"
+                f"{(root / '/'.join(parts[:-1])).url} below its direct children; gc works on "
+                f"a folder of checkpoints: point it at {(root / holder).url}"
             )
 
 
@@ -273,9 +270,8 @@ def _remove(backend: Backend, item: Garbage) -> None:
     the checkpoint removed (``commit.removed_while_read``), not damaged."""
     if item.kind == "orphan":
         for path in backend.list(item.folder):
-            if posixpath.dirname(path) == item.folder and posixpath.basename(path).startswith(
-                COMMIT_PREFIX
-            ):
+            base = posixpath.basename(path)
+            if posixpath.dirname(path) == item.folder and base.startswith(names.COMMIT_PREFIX):
                 backend.delete(path)
     backend.delete(item.folder, recursive=True)
 

@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from de_store.backends import open_location
+from de_store.backends import Location, open_location
 from de_store.checkpoint import commit
-from de_store.checkpoint.destination import check_destination
 from de_store.checkpoint.manifest import Manifest
+from de_store.checkpoint.request import check_save_request
 from de_store.saver import at_exit, core, incremental
 from de_store.saver.filesystem_saver import FileSystemSaver
 
@@ -115,9 +115,10 @@ def save(
     global _LAST
     saver = _saver_for(saver, saver_options)
     backend, name = open_location(url, saver.storage_options)
-    target = f"{backend.url.rstrip('/')}/{name}"
-    core.check_unique_names([variable.name for variable in variables], target)
-    check_destination(backend, name)  # before the snapshot, raised here rather than later
+    where = Location(backend, name)
+    # before the snapshot, raised here rather than in the background save
+    check_save_request(where, [variable.name for variable in variables])
+    target = where.url
     if saver.incremental is not None and _LAST is not None:
         concurrent.futures.wait([_LAST])  # its commit sets the base (its error is its own)
     rows = incremental.snapshots(variables, saver.incremental, target)

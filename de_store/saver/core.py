@@ -25,19 +25,17 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from de_store.backends import Backend
-from de_store.checkpoint import events
-from de_store.checkpoint.barrier import BARRIER_DIR, Barrier, StorageBarrier, job_poll_max_s
+from de_store.backends import Backend, Location
+from de_store.checkpoint import events, names
+from de_store.checkpoint.barrier import Barrier, StorageBarrier, job_poll_max_s
 from de_store.checkpoint.chain import chain_links, parent_reference
 from de_store.checkpoint.checks import Problem, check_link, has_repeated_key, repeated_key
 from de_store.checkpoint.commit import (
-    RANKS_DIR,
     CommitStrategy,
     commit_strategy,
     read_manifest,
     record_save_id,
 )
-from de_store.checkpoint.destination import check_destination
 from de_store.checkpoint.manifest import (
     Manifest,
     RankManifest,
@@ -48,6 +46,7 @@ from de_store.checkpoint.manifest import (
     rank_manifest_from_json,
     to_json,
 )
+from de_store.checkpoint.request import check_save_request
 from de_store.checkpoint.retry import RetryPolicy, is_transient
 from de_store.checkpoint.topology import Topology
 from de_store.errors import (
@@ -161,6 +160,27 @@ def save_checkpoint(
     name: str,
     topology: Topology,
     options: IOOptions,
+    **settings: Any,
+) -> Manifest | None:
+    """Check the request, then :func:`write_and_commit` (``settings``: its keyword
+    arguments): the way into a save for a caller that has not checked it.
+
+    Raises
+    ------
+    ValueError, DestinationError
+        The request is refused before anything is written
+        (:func:`~de_store.checkpoint.request.check_save_request`).
+    """
+    check_save_request(Location(backend, name), [rows.name for rows in variables])
+    return write_and_commit(variables, backend, name, topology, options, **settings)
+
+
+def write_and_commit(
+    variables: Sequence[VariableRows],
+    backend: Backend,
+    name: str,
+    topology: Topology,
+    options: IOOptions,
     *,
     barrier: Barrier | None = None,
     metadata: dict[str, Any] | None = None,
@@ -168,7 +188,9 @@ def save_checkpoint(
     cancel: threading.Event | None = None,
     tf_checkpoint: TFCheckpointRef | None = None,
 ) -> Manifest | None:
-    """Write this rank's rows and, once all ranks have, commit the checkpoint ``name``.
+    """Write this rank's rows and, once all ranks have, commit the checkpoint ``name``;
+    its caller has checked the request
+    (:func:`~de_store.checkpoint.request.check_save_request`).
 
     Every attempt of a save has its own identity (the ``save_id`` rank 0 draws): the ranks
     agree on it before anything is written, write their rank manifests under it, and rank
@@ -181,10 +203,7 @@ def save_checkpoint(
     Returns the committed manifest: rank 0 always, other ranks when some rows were taken
     for incremental saves (``VariableRows.mark``; they read it after the commit).
     """
-    where = f"{backend.url.rstrip('/')}/{name.strip('/')}"
-    check_unique_names([rows.name for rows in variables], where)
     start = time.perf_counter()
-    check_destination(backend, name)  # a file in the way, a folder not writable: fail now
     parent = _parent_of(variables, backend, name)
     strategy = commit_strategy(backend, name, job_token(topology, job_id), options.retry)
     if topology.is_chief:
@@ -213,27 +232,6 @@ def save_checkpoint(
     if all(rows.mark is None for rows in variables):
         return None
     return options.retry.call(lambda: read_manifest(backend, name))[1]
-
-
-def check_unique_names(names: Sequence[str], where: str, paths: Sequence[str] = ()) -> None:
-    """Refuse two variables of one name in one checkpoint: one's rows would replace the
-    other's. ``paths`` name the variables (TF checkpoint paths); positions when not given.
-
-    Raises
-    ------
-    ValueError
-        Two variables share a name; the message names both.
-    """
-    first: dict[str, int] = {}
-    for index, name in enumerate(names):
-        if name not in first:
-            first[name] = index
-            continue
-        which = [paths[i] if paths else f"variables[{i}]" for i in (first[name], index)]
-        raise ValueError(
-            f"cannot save {where}: {which[0]} and {which[1]} are both named {name!r}; the "
-            "variables of one checkpoint need distinct names (give each its own name=)"
-        )
 
 
 def _join_attempt(
@@ -275,7 +273,7 @@ def _parent_of(
     bases = {(rows.base.url, rows.base.created) for rows in variables if rows.base is not None}
     if not bases:
         return None, None
-    where = f"{backend.url.rstrip('/')}/{name.strip('/')}"
+    where = Location(backend, name).url
     if len(bases) > 1:
         raise CheckpointError(
             f"cannot save {where}: its variables are deltas on different checkpoints "
@@ -299,19 +297,17 @@ def save_variables(
     saver: SaverSettings,
     *,
     metadata: dict[str, Any] | None = None,
-    paths: Sequence[str] = (),
     cancel: threading.Event | None = None,
     tf_checkpoint: TFCheckpointRef | None = None,
 ) -> Manifest | None:
-    """:func:`save_checkpoint` with ``saver``'s topology and options, then each variable's
+    """:func:`write_and_commit` with ``saver``'s topology and options, then each variable's
     change base: the new checkpoint once committed; none (the next save is full) if the
     save failed. Returns the committed manifest (None where this rank does not know it).
-
-    ``paths``: the variables' TF checkpoint paths, named when two share a name."""
-    target = f"{backend.url.rstrip('/')}/{name}"
-    check_unique_names([r.name for r in rows], target, paths)
+    The caller has checked the request
+    (:func:`~de_store.checkpoint.request.check_save_request`)."""
+    target = Location(backend, name).url
     try:
-        manifest = save_checkpoint(
+        manifest = write_and_commit(
             rows,
             backend,
             name,
@@ -355,8 +351,8 @@ def write_rank(
     write = functools.partial(_write_shards, backend, topology=topology, options=options,
                               bar=bar, cancel=cancel)  # fmt: skip
     for rows in variables:
-        records = write(rows, kind="")
-        removed = write(shards.tombstone_rows(rows), kind="removed-")
+        records = write(rows, tombstone=False)
+        removed = write(shards.tombstone_rows(rows), tombstone=True)
         entries[rows.name] = shards.entry_for(rows, records, options.format, removed)
     bar.close()
     manifest = RankManifest(topology.proc_rank, topology.proc_size, entries, *parent)
@@ -371,7 +367,7 @@ def _write_shards(
     topology: Topology,
     options: IOOptions,
     bar: Progress,
-    kind: str,
+    tombstone: bool,
     cancel: threading.Event | None = None,
 ) -> list[ShardRecord]:
     write = functools.partial(
@@ -382,11 +378,11 @@ def _write_shards(
         format_name=options.format,
         buffer_size=options.buffer_size,
         bucketed=options.bucketed_for(topology, chained=rows.mark is not None),
-        kind=kind,
+        tombstone=tombstone,
     )
     records = []
     for index, shard_rows in enumerate(rows.shards):
-        if kind and not shard_rows.rows:
+        if tombstone and not shard_rows.rows:
             continue  # no tombstone file without removed keys
         _check_cancel(cancel, backend.url)
         shard = topology.proc_rank * len(rows.shards) + index
@@ -399,8 +395,7 @@ def _rank_manifest_path(strategy: CommitStrategy, rank: int) -> str:
     """Relative to the staging folder (the work folder is inside it), in the folder of
     this save attempt (``save_id``)."""
     work = strategy.work[len(strategy.staging) :].strip("/")
-    name = f"rank-{rank:05d}.json"
-    return "/".join(p for p in (work, RANKS_DIR, strategy.save_id, name) if p)
+    return "/".join(p for p in (work, names.rank_manifest_path(rank, strategy.save_id)) if p)
 
 
 def _merge_and_commit(
@@ -412,7 +407,7 @@ def _merge_and_commit(
 ) -> Manifest:
     ranks = [own, *_read_rank_manifests(strategy, topology)]
     work = strategy.backend.sub(strategy.work)
-    strategy.retry.call(lambda: work.delete(BARRIER_DIR, recursive=True))  # all have arrived
+    strategy.retry.call(lambda: work.delete(names.BARRIER_DIR, recursive=True))  # all have arrived
     manifest = merge_rank_manifests(ranks, metadata=metadata, tf_checkpoint=tf_checkpoint)
     strategy.commit(manifest)
     return manifest
@@ -437,7 +432,7 @@ def _read_rank_manifest(strategy: CommitStrategy, topology: Topology, rank: int)
     """The manifest ``rank`` wrote in this save attempt; a missing or foreign one is refused."""
     staging = strategy.backend.sub(strategy.staging)
     path = _rank_manifest_path(strategy, rank)
-    where = f"{staging.url.rstrip('/')}/{path}"
+    where = Location(staging, path).url
     try:
         data = strategy.retry.call(functools.partial(staging.read_bytes, path))
     except FileNotFoundError as err:

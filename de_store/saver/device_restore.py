@@ -51,7 +51,7 @@ import numpy as np
 
 from de_store.checkpoint._tf_bundle import TensorEntry, data_path, index_bytes, index_path
 from de_store.checkpoint.manifest import ShardRecord, VariableEntry
-from de_store.checkpoint.staging import RESTORE_SCRATCH_PREFIX
+from de_store.checkpoint.names import RESTORE_SCRATCH_PREFIX
 from de_store.errors import (
     CheckpointCorruptError,
     CheckpointError,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from de_store.backends.local import fsync_dir, fsync_file
+from de_store.backends.location import Location
 from de_store.checkpoint._tf_bundle import data_path, index_path, read_index
 from de_store.checkpoint.names import bundle_prefix
 from de_store.errors import CheckpointError
@@ -72,7 +73,7 @@ def write_on_device(
     os.makedirs(os.path.dirname(local[0]), exist_ok=True)
     tensors = [rows.keys, rows.columns[VALUE_COLUMN], *(rows.columns[e.name] for e in info.extras)]
     prefixes = [bundle_prefix(p) for p in local]
-    what = f"table shard {info.shard_id} of {info.name!r} to {backend.url.rstrip('/')}/{path}"
+    what = f"table shard {info.shard_id} of {info.name!r} to {Location(backend, path).url}"
     counts, lows, highs = _write_bundles(rows.device, prefixes, num_buckets, tensors, what)
     buckets = [int(b) for b in np.flatnonzero(counts)]
     entries = [_entries_of(prefix, buckets, rows.device) for prefix in prefixes]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from de_store.backends.base import Backend
+from de_store.checkpoint import names
 from de_store.checkpoint.buckets import BucketOrder, choose_num_buckets
 from de_store.checkpoint.checks import read_checked
 from de_store.checkpoint.manifest import ColumnSpec, ShardRecord, VariableEntry
@@ -158,7 +158,7 @@ def write_shard(
     format_name: str,
     buffer_size: int,
     bucketed: bool = True,
-    kind: str = "",
+    tombstone: bool = False,
 ) -> ShardRecord:
     """Write one table shard as one file of parts; return its record.
 
@@ -167,12 +167,11 @@ def write_shard(
     otherwise the shard is one bucket, its rows in the order the table holds them (no
     sort and no gather: the fastest save; every restoring process reads every part).
     A shard written on its parameter server's device is always bucketed.
-    ``kind`` prefixes the file name ("removed-" for tombstones).
+    ``tombstone``: the rows are a delta's removed keys (a tombstone shard).
     """
     shard = _read(rows.shards[shard_index], bucketed)
     info = schema_info(rows, global_shard)
-    # a per-save unique suffix: a rewrite never overwrites a committed generation's files
-    stem = f"{_variable_dir(rows.name)}/{kind}r{rank:05d}-s{shard_index:05d}-{uuid.uuid4().hex[:8]}"
+    stem = names.shard_stem(rows.name, rank, shard_index, tombstone=tombstone)
     if isinstance(shard, DeviceShardRows):
         if writes_on_device(backend, stem, shard):
             return _write_on_device(backend, stem, shard, info, rank=rank,
@@ -249,10 +248,6 @@ def tombstone_rows(rows: VariableRows) -> VariableRows:
     ]
     return VariableRows(rows.name, rows.key_dtype, TOMBSTONE_COLUMN.dtype, TOMBSTONE_COLUMN.dim,
                         {VALUE_COLUMN: TOMBSTONE_COLUMN}, shards)  # fmt: skip
-
-
-def _variable_dir(name: str) -> str:
-    return name.replace("/", "__")
 
 
 def entry_for(

@@ -30,8 +30,9 @@ from tensorflow.python.ops import io_ops
 from tensorflow.python.saved_model import registration
 from tensorflow.python.trackable import base as trackable_base
 
-from de_store.backends import open_location
+from de_store.backends import Location, open_location
 from de_store.checkpoint import binding, commit, gc
+from de_store.checkpoint.request import check_save_request
 from de_store.saver import at_exit, core, incremental, tf_compat
 from de_store.saver.filesystem_saver import FileSystemSaver
 from de_store.saver.rows import VariableRows, io_device_scope
@@ -171,18 +172,20 @@ def _save_eagerly(
         obj = trackables[name]
         groups.setdefault(saver_of(obj).kv_url(prefix), []).append(obj)
         paths.setdefault(saver_of(obj).kv_url(prefix), []).append(name)
-    for url, objs in groups.items():  # two variables of one name: refuse before any write
-        core.check_unique_names([_variable_of(o).name for o in objs], url, paths[url])
+    wheres = {
+        url: Location(*open_location(url, saver_of(objs[0]).storage_options))
+        for url, objs in groups.items()
+    }
+    for url, objs in groups.items():  # a request that cannot be saved: refuse before any write
+        check_save_request(wheres[url], [_variable_of(o).name for o in objs], paths[url])
     for url, objs in groups.items():
-        saver = saver_of(objs[0])
-        backend, folder = open_location(url, saver.storage_options)
-        target = f"{backend.url.rstrip('/')}/{folder}"
+        saver, where = saver_of(objs[0]), wheres[url]
         variables = [_variable_of(obj) for obj in objs]
-        rows = _rows_of(objs, saver, target)
-        ref = binding.reference(backend, folder, prefix, checkpoint_id)
-        core.save_variables(variables, rows, backend, folder, saver, tf_checkpoint=ref)
+        rows = _rows_of(objs, saver, where.url)
+        ref = binding.reference(where.backend, where.path, prefix, checkpoint_id)
+        core.save_variables(variables, rows, where.backend, where.path, saver, tf_checkpoint=ref)
         if saver.topology.is_chief:
-            gc.remove_orphans(backend, keep=folder)
+            gc.remove_orphans(where.backend, keep=where.path)
     head = posixpath.dirname(prefix)
     return [_stored_url(saver_of(trackables[n]).kv_url(prefix), head) for n in names]
 

@@ -23,7 +23,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 import de_store as ds
 from de_store.backends import open_backend, open_location
-from de_store.checkpoint import _tf_bundle, gc, names, staging
+from de_store.checkpoint import _tf_bundle, gc, names
 from de_store.checkpoint.barrier import Barrier
 from de_store.checkpoint.commit import committed_folder
 from de_store.checkpoint.topology import Topology
@@ -283,7 +283,7 @@ def test_gc_removes_the_bundle_indexes_of_a_restore_killed_midway_but_never_the_
     ds.save([filled(2.0)], str(kv / "B"), blocking=True)
     for name, foreign in (("A", False), ("B", True)):
         (shard, *_) = (kv / name).glob("emb/*.parquet")
-        scratch = Path(tempfile.mkdtemp(prefix=staging.RESTORE_SCRATCH_PREFIX, dir=kv / name))
+        scratch = Path(tempfile.mkdtemp(prefix=names.RESTORE_SCRATCH_PREFIX, dir=kv / name))
         for index in range(2):
             prefix = str(scratch / f"{index:06d}-0")
             Path(_tf_bundle.index_path(prefix)).write_bytes(b"index")
