@@ -19,7 +19,7 @@ import os
 import select
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import de_store
 
@@ -32,7 +32,27 @@ EXIT_BROKEN_PIPE = 141
 _URL_ARGUMENTS = ("url", "src", "dst", "dir")
 
 
+#: What ``ArgumentParser.add_subparsers`` returns, each command adding its parser to it.
+_Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
 def _parser() -> argparse.ArgumentParser:
+    """The ``de-store`` parser: one subparser per command, each built by its own function."""
+    parser = argparse.ArgumentParser(
+        prog="de-store",
+        description="Inspect, verify, convert and clean de_store checkpoints.",
+        epilog="Options shared by every command go after it: de-store verify --quiet URL.",
+    )
+    parser.add_argument("--version", action="version", version=f"de-store {de_store.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_options()
+    for add_command in (_add_demo, _add_ls, _add_inspect, _add_verify, _add_convert, _add_gc):
+        add_command(sub, common)
+    return parser
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every command takes (a parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     common.add_argument(
@@ -48,14 +68,10 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help='fsspec options for the URLs, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'',
     )
-    parser = argparse.ArgumentParser(
-        prog="de-store",
-        description="Inspect, verify, convert and clean de_store checkpoints.",
-        epilog="Options shared by every command go after it: de-store verify --quiet URL.",
-    )
-    parser.add_argument("--version", action="version", version=f"de-store {de_store.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    return common
 
+
+def _add_demo(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
     demo = sub.add_parser("demo", parents=[common], help="train, save async, reshard, check")
     demo.add_argument(
         "dir",
@@ -68,17 +84,25 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--save-shards", type=int, default=2, help="table shards saving (2)")
     demo.add_argument("--restore-shards", type=int, default=3, help="shards restoring (3)")
 
+
+def _add_ls(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
     ls = sub.add_parser("ls", parents=[common], help="checkpoints under a path")
     ls.add_argument("url", help="folder or URL to list checkpoints under, at any depth")
     ls.add_argument("--json", action="store_true", help="one JSON list for scripts")
 
+
+def _add_inspect(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
     inspect = sub.add_parser("inspect", parents=[common], help="what a checkpoint holds")
     inspect.add_argument("url", help="a committed checkpoint's folder or URL")
     inspect.add_argument("--json", action="store_true", help="one JSON object for scripts")
 
+
+def _add_verify(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
     verify = sub.add_parser("verify", parents=[common], help="check completeness and checksums")
     verify.add_argument("url", help="a committed checkpoint's folder or URL")
 
+
+def _add_convert(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
     convert = sub.add_parser(
         "convert",
         parents=[common],
@@ -111,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
         "--values-only", action="store_true", help="drop extra columns (optimizer slots)"
     )
 
+
+def _add_gc(sub: _Subparsers, common: argparse.ArgumentParser) -> None:
     gc = sub.add_parser(
         "gc",
         parents=[common],
@@ -126,7 +152,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="keep anything modified within this many seconds (default 3600)",
     )
-    return parser
 
 
 def _grace_seconds(text: str) -> float:
