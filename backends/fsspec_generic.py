@@ -32,6 +32,7 @@ from de_store.errors import (
 
 from ._io import CountingFile, redact_url, translate_error
 from .base import Backend, Capabilities, IOStats
+from .location import Location
 
 
 def first_protocol(fs: AbstractFileSystem) -> str:
@@ -118,7 +119,7 @@ class FsspecBackend(Backend):
         return full[len(self.root) + 1 :] if self.root else full.lstrip("/")
 
     def _where(self, path: str) -> str:
-        return f"{self.url.rstrip('/')}/{path.lstrip('/')}"
+        return Location(self, path).url
 
     @contextlib.contextmanager
     def _translating(self, op: str, path: str) -> Iterator[None]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from de_store import _rewrite
-from de_store.backends import Backend, open_location
+from de_store.backends import Backend, Location, open_location
 from de_store.checkpoint.buckets import bucket_order, choose_num_buckets, key_hash_mod
 from de_store.checkpoint.chain import chain_links
 from de_store.checkpoint.checks import check_link
@@ -63,7 +63,7 @@ def chain_source(
         ``name`` or a link of a chain is missing or uncommitted (the message names it).
     """
     _, manifest = read_manifest(backend, name)
-    where = f"{backend.url.rstrip('/')}/{name}"
+    where = Location(backend, name).url
     out = []
     for var_name in sorted(manifest.variables):
         chain = chain_links(backend, name, var_name, RetryPolicy())
@@ -71,7 +71,7 @@ def chain_source(
             check_link(backend, folder, link_manifest.proc_size, entry, where)
         links = [(folder, entry) for folder, _, entry in chain]
         newest = links[-1][1]
-        _check_links(links, f"{backend.url.rstrip('/')}/{name}")
+        _check_links(links, where)
         rows = sum(entry.rows + entry.removed_rows for _, entry in links)
         buckets = max((r.num_buckets for r in links[0][1].shards), default=1)
         if buckets == 1:  # saved in table order: read whole, its groups chosen freely

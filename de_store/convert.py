@@ -31,7 +31,7 @@ from de_store._rewrite import (
     new_checkpoint,
     select,
 )
-from de_store.backends import Backend, open_backend, open_location
+from de_store.backends import Backend, Location, open_backend, open_location
 from de_store.checkpoint._tf_bundle import INDEX_SUFFIX, read_index
 from de_store.checkpoint.checks import check_link
 from de_store.checkpoint.commit import read_manifest
@@ -58,7 +58,7 @@ def checkpoint_source(backend: Backend, name: str) -> list[SourceVariable]:
     if manifest.incremental:
         return flattened_source(backend, name)
     for entry in manifest.variables.values():  # before any count is used
-        check_link(backend, folder, manifest.proc_size, entry, f"{backend.url.rstrip('/')}/{name}")
+        check_link(backend, folder, manifest.proc_size, entry, Location(backend, name).url)
     folder_backend = backend.sub(folder)
 
     def loader(record: ShardRecord) -> RowsLoader:
@@ -109,7 +109,7 @@ def tfra_checkpoint_names(backend: Backend) -> dict[str, str]:
     for path in backend.list():
         if "/" in path or not path.endswith(INDEX_SUFFIX):
             continue
-        where = f"{backend.url.rstrip('/')}/{path}"
+        where = Location(backend, path).url
         try:
             tensors = read_index(backend.read_bytes(path), where)
         except FormatError:
@@ -259,10 +259,10 @@ def _check_tfra_sizes(
     number of keys, and keys x dim x itemsize bytes of values."""
     key_size = numpy_dtype(schema.key_dtype).itemsize
     item_size = numpy_dtype(schema.value_dtype).itemsize
-    where = backend.url.rstrip("/")
+    where = Location(backend)
     if keys_bytes % key_size:
         raise FormatError(
-            f"TFRA keys file {where}/{keys_path}: expected a whole number of "
+            f"TFRA keys file {(where / keys_path).url}: expected a whole number of "
             f"{key_size}-byte {schema.key_dtype} keys, found {keys_bytes} bytes; check --key-dtype"
         )
     rows = keys_bytes // key_size
@@ -270,7 +270,7 @@ def _check_tfra_sizes(
     if values_bytes != expected:
         per_row = f" ({values_bytes / rows:g} bytes a row)" if rows else ""
         raise FormatError(
-            f"TFRA values file {where}/{values_path}: expected {rows:,} keys x dim "
+            f"TFRA values file {(where / values_path).url}: expected {rows:,} keys x dim "
             f"{schema.dim} x {item_size} bytes ({schema.value_dtype}) = {expected:,} bytes, "
             f"found {values_bytes:,}{per_row} (the keys are those of "
             f"{keys_path.rpartition('/')[2]}, {keys_bytes:,} bytes); TFRA files record no "
@@ -287,7 +287,7 @@ def _check_distinct_keys(backend: Backend, keys_path: str, key_dtype: str) -> No
     if len(repeated):
         key = keys[repeated[0]]
         raise FormatError(
-            f"TFRA keys file {backend.url.rstrip('/')}/{keys_path}: expected each key once, "
+            f"TFRA keys file {Location(backend, keys_path).url}: expected each key once, "
             f"found key {key} {np.count_nonzero(keys == key)} times ({len(repeated):,} extra "
             "copies of keys in all)"
         )

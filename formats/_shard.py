@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 import pyarrow as pa
 
+from de_store.backends.location import Location
 from de_store.errors import DeStoreError, FormatError
 
 from ._stream import check_crc, check_frame, check_size, crc32c_combine, read_exact
@@ -21,7 +22,6 @@ from .base import (
     PartInfo,
     SchemaInfo,
     ShardInfo,
-    location,
 )
 from .batches import conform, key_range, split
 
@@ -132,7 +132,7 @@ def read_frame(
     ``f`` (the file, open for reading at offset 0) the header is read from it, so that a
     streamed read goes on from there to the parts: one request fewer on an object store.
     """
-    where = location(backend, path)
+    where = Location(backend, path).url
     file = expected.files[file_index]
     check_size(where, file.bytes, backend.size(path))
     ranges = [p.ranges[file_index] for p in expected.parts]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from de_store.backends.location import Location
 from de_store.errors import FormatError
 
 from ._shard import (
@@ -19,7 +20,6 @@ from ._shard import (
     check_columns,
     check_rows,
     decoding,
-    location,
     map_ahead,
     read_frame,
     shard_info,
@@ -79,7 +79,7 @@ class ArrowFormat(ShardFormat):
         buffer_size: int = DEFAULT_BUFFER_SIZE,
     ) -> ShardInfo:
         schema, options = schema_info.arrow_schema(), self._options()
-        where = location(backend, path)
+        where = Location(backend, path).url
         with backend.open_write(path) as raw:
             sink = ChecksummingWriter(raw)
             sink.cut_at(_header_length(schema, options))
@@ -112,7 +112,7 @@ def _check_magic(where: str, head: bytes) -> None:
 def _read_verified(
     backend: Backend, path: str, parts: Sequence[int] | None, expected: ShardInfo
 ) -> Iterator[pa.RecordBatch]:
-    where = location(backend, path)
+    where = Location(backend, path).url
     head, _ = read_frame(backend, path, expected)
     _check_magic(where, head)
     schema = expected.schema.arrow_schema()
@@ -139,7 +139,7 @@ def _read_verified(
 def _read_unverified(
     backend: Backend, path: str, parts: Sequence[int] | None
 ) -> Iterator[pa.RecordBatch]:
-    where = location(backend, path)
+    where = Location(backend, path).url
     with backend.open_read(path) as f:
         _check_magic(where, f.read(8))
         f.seek(0)

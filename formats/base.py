@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
+from de_store.backends.location import Location
 from de_store.errors import FormatError
 
 from ._schema import FORMAT_VERSION, ExtraColumn, Key, SchemaInfo, column_row_bytes
@@ -305,7 +306,7 @@ class ShardFormat(abc.ABC):
         FormatError
             The file is truncated, foreign, or does not match ``expected``.
         """
-        where = location(backend, path)
+        where = Location(backend, path).url
         names = list(columns) if columns is not None else None
         request = ReadRequest(parts, names, buffer_size)
         if expected is None:
@@ -334,14 +335,14 @@ class ShardFormat(abc.ABC):
             The format needs ``expected`` to read the shard.
         """
         raise ValueError(
-            f"{self.name} shard {location(backend, path)} records no schema: pass "
+            f"{self.name} shard {Location(backend, path).url} records no schema: pass "
             "expected=<its ShardInfo>"
         )
 
 
 def location(backend: Backend, path: str) -> str:
-    """``path`` as a URL on ``backend``, for messages."""
-    return f"{backend.url.rstrip('/')}/{path}"
+    """``path`` as a URL on ``backend``, for messages: ``Location(backend, path).url``."""
+    return Location(backend, path).url
 
 
 def check_expected(expected: ShardInfo, format_name: str, where: str) -> None:

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from de_store.backends.location import Location
 from de_store.errors import FormatError
 
 from ._shard import (
     PartReader,
-    location,
     map_ahead,
     read_together,
     shard_info,
@@ -104,7 +104,7 @@ class BinaryFormat(ShardFormat):
         schema_info: SchemaInfo,
         buffer_size: int = DEFAULT_BUFFER_SIZE,
     ) -> ShardInfo:
-        where = location(backend, path)
+        where = Location(backend, path).url
         check_storable(schema_info, where)
         dtypes = [numpy_dtype(d) for d, _ in column_layout(schema_info)]
         paths = column_paths(path, schema_info)
@@ -139,7 +139,7 @@ class BinaryFormat(ShardFormat):
         self, backend: Backend, path: str, request: ReadRequest
     ) -> Iterator[pa.RecordBatch]:
         raise ValueError(
-            f"binary shard {location(backend, path)} records no dim or dtypes: pass "
+            f"binary shard {Location(backend, path).url} records no dim or dtypes: pass "
             "expected=<its ShardInfo>, or use de_store.formats.tfra.read_table for TFRA folders"
         )
 
@@ -149,13 +149,15 @@ def _read_verified(
 ) -> Iterator[pa.RecordBatch]:
     files = expected.files
     for file in files:
-        check_size(location(backend, file.path), file.bytes, backend.size(file.path))
-    indices = wanted_parts(parts, len(expected.parts), location(backend, expected.path))
+        check_size(Location(backend, file.path).url, file.bytes, backend.size(file.path))
+    indices = wanted_parts(parts, len(expected.parts), Location(backend, expected.path).url)
     schema = expected.schema.arrow_schema()
 
     with contextlib.ExitStack() as stack:
         readers = [
-            PartReader(stack.enter_context(backend.open_read(f.path)), location(backend, f.path))
+            PartReader(
+                stack.enter_context(backend.open_read(f.path)), Location(backend, f.path).url
+            )
             for f in files
         ]
 
@@ -172,7 +174,7 @@ def _read_verified(
             found = 0
             for part in expected.parts:
                 found = crc32c_combine(found, part.ranges[j].crc32c, part.ranges[j].length)
-            check_crc_value(location(backend, file.path), file.crc32c, found)
+            check_crc_value(Location(backend, file.path).url, file.crc32c, found)
 
 
 def column_layout(schema_info: SchemaInfo) -> list[tuple[str, int]]:

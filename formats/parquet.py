@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from de_store.backends.location import Location
 from de_store.errors import FormatError
 
 from ._plain_parquet import NotPlain, PlainParquetWriter, decode_row_group, supports, written_here
@@ -30,7 +31,6 @@ from ._shard import (
     check_columns,
     check_rows,
     decoding,
-    location,
     map_ahead,
     read_frame,
     shard_info,
@@ -98,7 +98,7 @@ class ParquetFormat(ShardFormat):
         buffer_size: int = DEFAULT_BUFFER_SIZE,
     ) -> ShardInfo:
         schema = schema_info.arrow_schema()
-        where = location(backend, path)
+        where = Location(backend, path).url
         with backend.open_write(path) as raw:
             sink = ChecksummingWriter(raw)
             writer = self._writer(sink, schema)
@@ -149,7 +149,7 @@ def _read_verified(
     backend: Backend, path: str, expected: ShardInfo, request: ReadRequest
 ) -> Iterator[pa.RecordBatch]:
     parts, columns, buffer_size = request.parts, request.columns, request.buffer_size
-    where = location(backend, path)
+    where = Location(backend, path).url
     with backend.open_read(path) as f:
         head, tail = read_frame(backend, path, expected, f=f)
         if head[:4] != MAGIC:
@@ -193,7 +193,7 @@ def _read_verified(
 
 def _read_unverified(backend: Backend, path: str, request: ReadRequest) -> Iterator[pa.RecordBatch]:
     parts, columns, buffer_size = request.parts, request.columns, request.buffer_size
-    where = location(backend, path)
+    where = Location(backend, path).url
     with backend.open_read(path) as f:
         if f.read(4) != MAGIC:
             raise FormatError(f"{where} is not a Parquet file: bad magic at its start")

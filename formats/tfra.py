@@ -39,10 +39,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from de_store.backends.location import Location
 from de_store.errors import FormatError
 
 from ._stream import read_exact
-from .base import DEFAULT_BUFFER_SIZE, SchemaInfo, ShardInfo, location
+from .base import DEFAULT_BUFFER_SIZE, SchemaInfo, ShardInfo
 from .batches import DTYPE_KEY
 from .binary import KEYS_SUFFIX, VALUES_SUFFIX, BinaryFormat, decode_pair, numpy_dtype
 
@@ -135,7 +136,7 @@ def find_pairs(backend: Backend, name: str) -> list[TablePair]:
         i, n, rank, size = map(int, match.groups())
         found[(rank, i)] = path
         layouts.add((n, size))
-    where = location(backend, "")
+    where = Location(backend).url
     if not found:
         raise FormatError(f"no TFRA files of variable {name!r} under {where}")
     if len(layouts) > 1:
@@ -194,7 +195,7 @@ def _read_record(backend: Backend, path: str, group: str) -> tuple[str, list[str
         valid = False
     if not valid:
         raise FormatError(
-            f"TFRA commit record {location(backend, path)}: expected JSON naming a staging "
+            f"TFRA commit record {Location(backend, path).url}: expected JSON naming a staging "
             f"folder .{group}.<12 hex digits> and its files, found {data[:200]!r}"
         )
     return staging, files
@@ -216,8 +217,8 @@ def _pair_rows(backend: Backend, keys_path: str, values_path: str, schema: Schem
     rows = keys_bytes // key_size
     if keys_bytes % key_size or values_bytes != rows * row_size:
         raise FormatError(
-            f"TFRA files {location(backend, keys_path)} ({keys_bytes} bytes) and "
-            f"{location(backend, values_path)} ({values_bytes} bytes) do not fit "
+            f"TFRA files {Location(backend, keys_path).url} ({keys_bytes} bytes) and "
+            f"{Location(backend, values_path).url} ({values_bytes} bytes) do not fit "
             f"key_dtype={schema.key_dtype} ({key_size} bytes a key), dim={schema.dim}, "
             f"value_dtype={schema.value_dtype} ({row_size} bytes a row): expected "
             f"{rows * row_size} value bytes for {keys_bytes / key_size:g} keys"
@@ -236,8 +237,8 @@ def _read_pair(
     with backend.open_read(keys_path) as keys_f, backend.open_read(values_path) as values_f:
         for start in range(0, rows, buffer_size):
             count = min(buffer_size, rows - start)
-            keys = read_exact(keys_f, count * key_size, location(backend, keys_path))
-            values = read_exact(values_f, count * row_size, location(backend, values_path))
+            keys = read_exact(keys_f, count * key_size, Location(backend, keys_path).url)
+            values = read_exact(values_f, count * row_size, Location(backend, values_path).url)
             yield decode_pair(keys, values, arrow_schema)
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import fsspec
 
 from de_store.backends.base import Backend
+from de_store.backends.location import Location
 from de_store.checkpoint.retry import NO_RETRY, RetryPolicy
 from de_store.errors import DestinationError, StorageUnreachableError
 
@@ -62,7 +63,7 @@ def check_destination(
         How the probe's write and delete are retried on a transient error.
     """
     path = backend.local_path(name)
-    where = f"{backend.url.rstrip('/')}/{name.strip('/')}"
+    where = Location(backend, name).url
     if path is not None:
         _check_local(os.path.abspath(path), where)
     elif probe:

@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from de_store.backends.base import Backend
+from de_store.backends.location import Location
 from de_store.checkpoint.chain import resolve_chain
 from de_store.checkpoint.checks import (
     Problem,
@@ -58,7 +59,7 @@ def verify_checkpoint(
 
     ``progress`` is told the bytes read; its ``total`` is set from the manifest.
     """
-    where = f"{backend.url.rstrip('/')}/{name.strip('/')}"
+    where = Location(backend, name).url
     try:
         folder, manifest = read_manifest(backend, name)
     except CheckpointError as err:
@@ -88,10 +89,6 @@ def verify_checkpoint(
     return VerifyReport(files, manifest.bytes, rows, problems, removed)
 
 
-def _url(backend: Backend, path: str) -> str:
-    return f"{backend.url.rstrip('/')}/{path}"
-
-
 def _damaged(folder: Backend, records: list[ShardRecord], found: list[Problem]) -> set[int]:
     """The ids of ``records`` that ``found`` names (by the shard's or a file's path); all
     of them when a problem is the entry's own (its numbers are not to be trusted)."""
@@ -102,7 +99,7 @@ def _damaged(folder: Backend, records: list[ShardRecord], found: list[Problem]) 
         listed = files if isinstance(files, list) else []
         paths = [info.get("path"), *(f.get("path") for f in listed if isinstance(f, dict))]
         for path in paths:
-            named.setdefault(_url(folder, str(path)), set()).add(id(record))
+            named.setdefault(Location(folder, str(path)).url, set()).add(id(record))
     damaged: set[int] = set()
     for problem in found:
         damaged |= named.get(problem.path, {id(r) for r in records})
