@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, BinaryIO, TypeVar
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -202,31 +200,170 @@ def read_together(
 
 
 def map_ahead(
-    fn: Callable[[T], R], items: Iterable[T], depth: int = READ_AHEAD, name: str = "read"
-) -> Iterator[R]:
-    """``map(fn, items)`` in order, with up to ``depth`` calls running ahead in threads
-    (named ``de_store-{name}``).
+    fn: Callable[[T], R],
+    items: Iterable[T],
+    depth: int = READ_AHEAD,
+    name: str = "read",
+    *,
+    limit: int | None = None,
+    size: Callable[[R], int] | None = None,
+) -> Generator[R, None, None]:
+    """``map(fn, items)`` in order, computed ahead of the caller by ``depth`` threads
+    (named ``de_store-{name}``), which also draw ``items``: one at a time, in order.
 
     Reading (I/O) and decoding (Arrow releases the GIL) of the next parts then overlap
-    with the caller's use of the current one; at most ``depth + 1`` results are in hand.
-    Calls start in the order of ``items`` (one :class:`PartReader` turn each).
+    with the caller's use of the current one. Ahead of the caller are at most ``depth``
+    results; with ``limit``, results of at most ``limit`` bytes (``size(result)``) wait
+    done instead, the one the caller needs next always: a generator given as ``items``
+    (``fn`` returning its item) is then run in one thread, ahead by bytes.
 
-    Closing the iterator early cancels the calls not started and returns without waiting
-    for the running ones, whose results are dropped: an iterator the caller abandoned is
-    closed by the garbage collector, in whichever thread it runs, possibly one that holds
-    a lock of :mod:`threading` a pool thread needs to end, so it must not join threads.
+    An error of a call, or of drawing an item, is raised at that item's place, after the
+    results before it.
+
+    Closing the iterator early stops the drawing (it waits for an item being drawn, then
+    closes ``items``) and returns without waiting for the running calls, whose results
+    are dropped: an iterator the caller abandoned is closed by the garbage collector, in
+    whichever thread it runs, possibly one that holds a lock of :mod:`threading` a
+    thread needs to end, so it joins only threads that run no call.
     """
-    pending: collections.deque[Future[R]] = collections.deque()
-    pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix=f"de_store-{name}")
+    ahead = _Ahead(fn, items, depth, limit, size)
+    threads = [
+        threading.Thread(target=ahead.work, name=f"de_store-{name}", daemon=True)
+        for _ in range(depth)
+    ]
+    for thread in threads:
+        thread.start()
     try:
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) > depth:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+        while (result := ahead.take()) is not _END:
+            yield result  # type: ignore[misc]
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        ahead.stop(threads)
+
+
+#: What :meth:`_Ahead.take` returns once every result was taken.
+_END = object()
+
+
+class _Ahead(Generic[T, R]):
+    """What the threads of :func:`map_ahead` and its caller share: the items drawn
+    (``drawn``) and taken (``taken``), the results done, by index, and their bytes."""
+
+    def __init__(
+        self,
+        fn: Callable[[T], R],
+        items: Iterable[T],
+        depth: int,
+        limit: int | None,
+        size: Callable[[R], int] | None,
+    ) -> None:
+        self._fn, self._source = fn, iter(items)
+        self._depth, self._limit, self._size = depth, limit, size
+        self._cond = threading.Condition()
+        self._drawing = threading.Lock()  # one draw at a time, in order
+        self._done: dict[int, tuple[object, BaseException | None, int]] = {}
+        self._calling: set[threading.Thread] = set()
+        self._drawn = self._taken = self._held = 0
+        self._end: int | None = None  # items drawn in all, once ``items`` ended or failed
+        self._stopped = self._source_closed = False
+
+    def work(self) -> None:
+        """A thread's loop: draw an item, call ``fn`` on it, hand the result over."""
+        try:
+            while (drawn := self._draw()) is not None:
+                self._put(drawn[0], *self._call(drawn[1]))
+        finally:
+            self._close_source()
+
+    def _draw(self) -> tuple[int, T] | None:
+        """The next item and its index; None once stopped or ``items`` ended."""
+        with self._drawing:
+            with self._cond:
+                self._cond.wait_for(self._may_draw)
+                if self._stopped or self._end is not None:
+                    return None
+            index = self._drawn
+            try:
+                item = next(self._source)
+            except BaseException as err:  # StopIteration: the end; else raised at ``index``
+                with self._cond:
+                    ended = isinstance(err, StopIteration)
+                    self._end = index if ended else index + 1
+                    if not ended:
+                        self._done[index] = (None, err, 0)
+                    self._cond.notify_all()
+                return None
+            with self._cond:
+                if self._stopped:
+                    return None
+                self._drawn += 1
+                self._calling.add(threading.current_thread())
+        return index, item
+
+    def _may_draw(self) -> bool:
+        ahead = self._drawn - self._taken
+        return self._stopped or self._limit is not None or ahead < self._depth
+
+    def _call(self, item: T) -> tuple[object, BaseException | None, int]:
+        try:
+            result = self._fn(item)
+            return result, None, self._size(result) if self._size is not None else 0
+        except BaseException as err:  # handed to the caller
+            return None, err, 0
+        finally:
+            with self._cond:
+                self._calling.discard(threading.current_thread())
+
+    def _put(self, index: int, result: object, error: BaseException | None, nbytes: int) -> None:
+        """Hand result ``index`` over once there is room for its bytes."""
+        limit = self._limit
+        with self._cond:
+            self._cond.wait_for(
+                lambda: (
+                    self._stopped
+                    or limit is None
+                    or index == self._taken
+                    or self._held + nbytes <= limit
+                )
+            )
+            if self._stopped:
+                return
+            self._done[index] = (result, error, nbytes)
+            self._held += nbytes
+            self._cond.notify_all()
+
+    def take(self) -> object:
+        """The next result in order (its error raised), :data:`_END` after the last."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._taken in self._done or self._taken == self._end)
+            if self._taken not in self._done:
+                return _END
+            result, error, nbytes = self._done.pop(self._taken)
+            self._taken += 1
+            self._held -= nbytes
+            self._cond.notify_all()
+        if error is not None:
+            raise error
+        return result
+
+    def stop(self, threads: list[threading.Thread]) -> None:
+        """Stop drawing, drop the results, wait for the threads that run no call."""
+        with self._cond:
+            self._stopped = True
+            self._done.clear()
+            calling = set(self._calling)
+            self._cond.notify_all()
+        for thread in threads:
+            if thread is not threading.current_thread() and thread not in calling:
+                thread.join()
+
+    def _close_source(self) -> None:
+        with self._drawing:
+            if self._source_closed:
+                return
+            self._source_closed = True
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
 
 
 def check_rows(where: str, part: int, expected: int, found: int) -> None:

@@ -17,13 +17,12 @@ it always does.
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from de_store.backends.base import Backend
 from de_store.checkpoint.manifest import VariableEntry
+from de_store.formats._shard import map_ahead
 from de_store.progress import Progress
 from de_store.saver import shards
 from de_store.saver.rows import ByShard, apply_rows, holds_keys, routes_by_hash, shard_batches
@@ -38,69 +37,6 @@ READ_AHEAD_BYTES = 256 << 20
 def rows_bytes(rows: ShardRows) -> int:
     """Bytes of the arrays of ``rows`` (object arrays count their pointers)."""
     return rows.keys.nbytes + sum(column.nbytes for column in rows.columns.values())
-
-
-def read_ahead(items: Iterable[T], limit: int, size: Any, name: str) -> Generator[T, None, None]:
-    """``items`` in order, produced by a helper thread (``de_store-{name}``) at most
-    ``limit`` bytes (``size(item)``) ahead of the caller; one item always fits.
-
-    An error of the producer is raised to the caller after the items produced before it.
-    Closing the iterator early stops the producer after its current item and waits for
-    it, closing ``items``.
-    """
-    cond = threading.Condition()
-    queue: deque[tuple[T, int]] = deque()
-    held = 0
-    finished = stopped = False
-    failure: BaseException | None = None
-
-    def produce() -> None:
-        nonlocal held, finished, failure
-        source = iter(items)
-        try:
-            for item in source:
-                nbytes = size(item)
-                with cond:
-                    while not (stopped or not queue or held + nbytes <= limit):
-                        cond.wait()
-                    if stopped:
-                        return
-                    queue.append((item, nbytes))
-                    held += nbytes
-                    cond.notify_all()
-        except BaseException as err:  # handed to the consumer
-            failure = err
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-            with cond:
-                finished = True
-                cond.notify_all()
-
-    thread = threading.Thread(target=produce, name=f"de_store-{name}", daemon=True)
-    thread.start()
-    try:
-        while True:
-            with cond:
-                cond.wait_for(lambda: queue or finished)
-                if not queue:
-                    if failure is not None:
-                        raise failure
-                    return
-                item, nbytes = queue.popleft()
-                held -= nbytes
-                cond.notify_all()
-            yield item
-    finally:
-        with cond:
-            stopped = True
-            queue.clear()
-            cond.notify_all()
-        # a daemon thread, so joining it takes no lock of ``threading`` (the garbage
-        # collector may close this iterator in any thread, the producer's own included)
-        if threading.current_thread() is not thread:
-            thread.join()
 
 
 def streams(variable: Any, chain: list[Any], proc_size: int) -> bool:
@@ -131,12 +67,10 @@ def load_while_reading(
     ahead: Generator[Any, None, None]
     source: Iterable[ShardRows] | ByShard
     if routes_by_hash(variable):  # split and regrouped by table shard in the reading thread
-        ahead = read_ahead(
-            shard_batches(read, variable, shares), READ_AHEAD_BYTES, _pair_bytes, "stream"
-        )
+        ahead = _read_ahead(shard_batches(read, variable, shares), _pair_bytes)
         source = ByShard(_counted(ahead, bar, lambda pair: pair[1].rows))
     else:
-        ahead = read_ahead(read, READ_AHEAD_BYTES, rows_bytes, "stream")
+        ahead = _read_ahead(read, rows_bytes)
         source = _counted(ahead, bar, lambda batch: batch.rows)
     try:
         ready()
@@ -154,6 +88,16 @@ def load_while_reading(
             return False
     finally:
         ahead.close()
+
+
+def _read_ahead(items: Iterable[T], size: Callable[[T], int]) -> Generator[T, None, None]:
+    """``items``, drawn by a helper thread ``de_store-stream`` at most
+    :data:`READ_AHEAD_BYTES` (``size(item)``) ahead of the loads."""
+    return map_ahead(_same, items, 1, "stream", limit=READ_AHEAD_BYTES, size=size)
+
+
+def _same(item: T) -> T:
+    return item
 
 
 def _read_entry(folder: Backend, entry: VariableEntry, buffer_size: int) -> Iterator[ShardRows]:

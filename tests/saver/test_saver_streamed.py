@@ -2,14 +2,15 @@
 
 The loads start before the last part is read; a damaged part, a key held twice or two
 variables of which the second cannot be read leave every variable empty, as it was; a
-variable that holds keys is replaced only after every part was read. ``read_ahead``
-keeps its order, its bound and the producer's error.
+variable that holds keys is replaced only after every part was read. ``map_ahead``
+ahead by bytes keeps its order, its bound and the producer's error.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from saver_helpers import content, make_variable
 
 import de_store as ds
 from de_store.errors import CheckpointCorruptError, ChecksumError
+from de_store.formats._shard import map_ahead
 from de_store.saver import rows as rows_module
 from de_store.saver import shards, streamed
 from de_store.saver.variable_rows import ShardRows, even_sizes
@@ -244,8 +246,12 @@ def test_a_damaged_delta_leaves_the_variable_empty_and_names_its_file(tmp_path: 
     assert int(restored.size()) == 0
 
 
-# --- read_ahead --------------------------------------------------------------------------
-def test_read_ahead_keeps_order_and_its_bound() -> None:
+# --- map_ahead, ahead by bytes -----------------------------------------------------------
+def same(item: Any) -> Any:
+    return item
+
+
+def test_map_ahead_by_bytes_keeps_order_and_its_bound() -> None:
     held = []
     produced = threading.Semaphore(0)
 
@@ -256,7 +262,7 @@ def test_read_ahead_keeps_order_and_its_bound() -> None:
             yield np.full(10, i, np.int64)  # 80 bytes each
 
     out = []
-    ahead = streamed.read_ahead(items(), 250, lambda a: a.nbytes, "test")
+    ahead = map_ahead(same, items(), 1, "test", limit=250, size=lambda a: a.nbytes)
     for array in ahead:
         produced.acquire(timeout=5)  # this item's production
         out.append(int(array[0]))
@@ -265,19 +271,19 @@ def test_read_ahead_keeps_order_and_its_bound() -> None:
     assert out == list(range(20))
 
 
-def test_read_ahead_raises_the_producers_error_after_its_items() -> None:
+def test_map_ahead_by_bytes_raises_the_producers_error_after_its_items() -> None:
     def items():
         yield 1
         yield 2
         raise OSError("disk gone")
 
-    ahead = streamed.read_ahead(items(), 100, lambda _: 1, "test")
+    ahead = map_ahead(same, items(), 1, "test", limit=100, size=lambda _: 1)
     assert [next(ahead), next(ahead)] == [1, 2]
     with pytest.raises(OSError, match="disk gone"):
         next(ahead)
 
 
-def test_closing_read_ahead_early_stops_and_closes_the_producer() -> None:
+def test_closing_map_ahead_by_bytes_early_stops_and_closes_the_producer() -> None:
     closed = threading.Event()
 
     def items():
@@ -286,7 +292,7 @@ def test_closing_read_ahead_early_stops_and_closes_the_producer() -> None:
         finally:
             closed.set()
 
-    ahead = streamed.read_ahead(items(), 10, lambda _: 1, "test")
+    ahead = map_ahead(same, items(), 1, "test", limit=10, size=lambda _: 1)
     assert next(ahead) == 0
     ahead.close()
     assert closed.is_set()
