@@ -18,7 +18,7 @@ every step's completion time is known.
    less the steady time of a step. The first step after a growth runs the step function
    on variables of new shapes, which TensorFlow instantiates again on the worker and the
    PS tasks: most of the stall.
-3. The hook's reading of the tables' load (:func:`de_store.tables._fixed.read_loads`,
+3. The hook's reading of the tables' load (:func:`de_store.tables._fixed_growth.read_loads`,
    one function call per PS task), timed alone.
 
 Usage::
@@ -58,7 +58,7 @@ def main() -> None:
 def _measure(args: argparse.Namespace) -> dict[str, object]:
     import tensorflow as tf
 
-    from de_store.tables import _demand, _fixed, _ps_growth
+    from de_store.tables import _demand, _fixed_growth, _ps_growth
 
     growths = _GrowthLog()
     logging.getLogger("de_store").addHandler(growths)
@@ -85,10 +85,10 @@ def _measure(args: argparse.Namespace) -> dict[str, object]:
     growths.events.clear()
     times = growing.run(coordinator, 1, args.steps, hooked=True)
     tables = _demand.live()
-    _fixed.read_loads(tables)  # traced once
+    _fixed_growth.read_loads(tables)  # traced once
     started = time.perf_counter()
     for _ in range(20):
-        _fixed.read_loads(tables)
+        _fixed_growth.read_loads(tables)
     read_ms = (time.perf_counter() - started) / 20 * 1000
     result = {
         "ps_tasks": args.ps, "workers": args.workers, "dim": args.dim,

@@ -166,13 +166,13 @@ def test_keys_past_the_compiled_probe_rounds_are_found_by_the_loop():
 
 @pytest.fixture(params=["one chunk", "chunks of 512"])
 def race_chunk(request, monkeypatch):
-    """The keys a big batch leaves to the loop race in chunks of ``_race.CHUNK``: the
+    """The keys a big batch leaves to the loop race in chunks of ``_claim_loop.CHUNK``: the
     default (one chunk here), or chunks of 512, each race seeing the claims of the ones
     before. Kernels are traced again for the patched size."""
-    from de_store.tables import _kernels, _race
+    from de_store.tables import _claim_loop, _kernels
 
     if request.param != "one chunk":
-        monkeypatch.setattr(_race, "CHUNK", 512)
+        monkeypatch.setattr(_claim_loop, "CHUNK", 512)
     _kernels.kernels_for.cache_clear()
     yield request.param
     _kernels.kernels_for.cache_clear()

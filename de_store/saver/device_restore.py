@@ -170,7 +170,7 @@ def plan_for(
 
 
 def _is_remote(device: str) -> bool:
-    from de_store.tables._fixed import in_remote_scope  # imports TensorFlow
+    from de_store.tables._placement import in_remote_scope  # imports TensorFlow
 
     with tf.device(device):
         return in_remote_scope()

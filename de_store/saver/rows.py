@@ -203,7 +203,7 @@ def export_shard(
     The writer groups the rows by key bucket later: reading them straight into bucket
     order was measured slower at 10M rows.
     """
-    from de_store.tables._fixed import in_remote_scope  # imports TensorFlow
+    from de_store.tables._placement import in_remote_scope  # imports TensorFlow
 
     shard = variable.shards[index]
     device = variable.devices[index]

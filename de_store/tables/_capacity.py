@@ -1,5 +1,7 @@
-"""The capacity operations of :class:`~de_store.tables._probe.TableOps`: growing the
-index (a rehash) and the row store, and handing out and freeing row ids."""
+"""The capacity operations of :class:`~de_store.tables._table_ops.TableOps`: growing the
+index (a rehash, which places its keys again with the probes of
+:class:`~de_store.tables._probing.ProbeOps`) and the row store, and handing out and
+freeing row ids."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ from typing import Any
 
 import tensorflow as tf
 
+from de_store.tables._change_tracking import STAMP_DTYPE
 from de_store.tables._index import empty_index
-from de_store.tables._tracking import STAMP_DTYPE, push, read_shared, replace, variable_length
+from de_store.tables._probing import ProbeOps
+from de_store.tables._variables import push, read_shared, replace, variable_length
 
 #: Most keys an insert's growth leaves room for beyond its own (see ``reserve``): 2**22,
 #: an index of at most 2**23 more slots (128 MB).
@@ -17,20 +21,13 @@ AHEAD_MAX_KEYS = 1 << 22
 BATCHES_AHEAD = 3
 
 
-class CapacityOps:
-    """Mixed into ``TableOps``: ``self.t`` is the table; ``TableOps`` places keys."""
-
-    t: Any
+class CapacityOps(ProbeOps):
+    """The growth of one table's index and row store, over its probes."""
 
     def live_entries(self) -> tf.Tensor:
         """The ``(key, row)`` entries of every occupied slot, ``[n, 2]``, in one read."""
         entries = read_shared(self.t.index)
         return tf.gather(entries, tf.where(entries[:, 1] >= 0)[:, 0])
-
-    def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-        """Place distinct absent ``keys`` with their ``rows``, probing from their home
-        slots; ``TableOps`` places."""
-        raise NotImplementedError
 
     def size(self) -> tf.Tensor:
         """The number of keys held."""
@@ -93,10 +90,6 @@ class CapacityOps:
     def _load_limit(self, capacity: tf.Tensor) -> tf.Tensor:
         """The keys plus tombstones an index of ``capacity`` slots holds before it grows."""
         return tf.cast(tf.cast(capacity, tf.float64) * self.t.max_load_factor, tf.int64)
-
-    def find_rows(self, keys: tf.Tensor) -> tf.Tensor:
-        """The row of each of ``keys`` (negative: missing); ``TableOps`` probes."""
-        raise NotImplementedError
 
     def place_entries(self, entries: tf.Tensor) -> None:
         """Place index ``entries`` ``[n, 2]`` (distinct keys, their rows) into an empty

@@ -35,6 +35,16 @@ def check_config(
         raise ValueError(f"table {name!r}: dim must be an int >= 1, got {dim!r}")
 
 
+def check_sizing(name: str, max_load_factor: float, row_growth: float) -> None:
+    """Reject a load factor outside ``[0.1, 0.9]`` or a row growth of at most 1."""
+    if not 0.1 <= max_load_factor <= 0.9:
+        raise ValueError(
+            f"table {name!r}: max_load_factor must be in [0.1, 0.9], got {max_load_factor}"
+        )
+    if row_growth <= 1.0:
+        raise ValueError(f"table {name!r}: row_growth must be > 1, got {row_growth}")
+
+
 def check_keys(name: str, key_dtype: tf.DType, keys: Any) -> tf.Tensor:
     """Return ``keys`` as a rank-1 tensor of ``key_dtype`` or raise naming the table."""
     keys = tf.convert_to_tensor(keys, dtype_hint=key_dtype)

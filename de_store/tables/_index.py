@@ -1,6 +1,6 @@
 """The index of :class:`~de_store.tables.hash_table.HashTable`: slot encoding, hash,
 capacities, and the XLA-compiled first probe rounds that lookups, inserts and bulk loads
-start with (the probe loop and the rest of the kernels are in :mod:`._probe`).
+start with (the probe loop is in :mod:`._probing`, the claim loop in :mod:`._claim_loop`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import tensorflow as tf
 from tensorflow.python.framework import cpp_shape_inference_pb2
 from tensorflow.python.ops import resource_variable_ops
 
-from de_store.tables._tracking import variable_length
+from de_store.tables._variables import variable_length
 
 EMPTY = -1
 DELETED = -2

@@ -1,7 +1,7 @@
 """The shared ``tf.function`` s of :class:`~de_store.tables.hash_table.HashTable`.
 
 :class:`Kernels` holds the compiled functions of one :class:`Config`, shared by its tables;
-each builds the ops of one operation with :class:`~de_store.tables._probe.TableOps` over
+each builds the ops of one operation with :class:`~de_store.tables._table_ops.TableOps` over
 the variables it is given, holding the table's mutex (:mod:`._locking`).
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables import _kernel_cache
+from de_store.tables._change_tracking import STAMP_DTYPE
 from de_store.tables._index import handle_variable
 from de_store.tables._locking import critical_section, unoptimized_calls, with_graph_op
-from de_store.tables._probe import TableOps
-from de_store.tables._tracking import STAMP_DTYPE
+from de_store.tables._table_ops import TableOps
 from de_store.tables._types import Config, State, View
 
 __all__ = ["Config", "Kernels", "State", "View", "kernels_for"]

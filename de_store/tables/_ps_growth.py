@@ -17,7 +17,7 @@ room for it on top of the room promised to the steps queued or running:
   call in a nested ``tf.function``) the step is asked ``OBSERVED_MARGIN`` times what the
   steps before passed: the most keys one call passed times the calls, or the mean a
   step passed if more (the calls count their keys on the table's device).
-- *The room* is read from the tables (:func:`._fixed.read_loads`: one call per PS task)
+- *The room* is read from the tables (:func:`._fixed_growth.read_loads`: one call per PS task)
   only when the room promised since the last reading could run out. The steps in flight
   then are each counted at the most a step has asked, so a step that is queued, running
   or partly done holds its room until the next reading after it finished.
@@ -62,7 +62,7 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator
 from tensorflow.python.util import nest
 
 from de_store.tables import _demand
-from de_store.tables._fixed import UNLIMITED, Growth, Load, read_loads
+from de_store.tables._fixed_growth import UNLIMITED, Growth, Load, read_loads
 
 log = logging.getLogger("de_store")
 

@@ -1,14 +1,16 @@
 """What the hash table's graph operations work on: the config and variables of one table
-(:class:`View`) and what a probe that claims slots found (:class:`Claims`).
+(:class:`View`), what a probe that claims slots found (:class:`Claims`), and what an
+operation mixin needs of the class it is mixed into (:class:`FindsRows`).
 
-Below :mod:`._probe` (the operations), :mod:`._race` (mixed into them) and :mod:`._kernels`
-(the shared ``tf.function`` s that build them), which all import from here.
+Below :mod:`._probing`, :mod:`._table_ops` and the modules they build on (the operations)
+and :mod:`._kernels` (the shared ``tf.function`` s that build them), which all import from
+here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import tensorflow as tf
 
@@ -73,7 +75,7 @@ class View:
 
 
 class Claims(NamedTuple):
-    """What :meth:`TableOps.find_or_claim` found: ``slots`` and ``rows`` of the keys
+    """What :meth:`~._probing.ProbeOps.find_or_claim` found: ``slots`` and ``rows`` of the keys
     resolved at once (``-1`` / ``EMPTY`` for the others), and ``left_slots``,
     ``left_rows`` of the keys at positions ``left``, resolved by the probe loop. A row
     at or above the batch's token base is a claim's token."""
@@ -96,3 +98,14 @@ class Claims(NamedTuple):
         left = tf.stack([self.left_slots, self.left_rows], 1)
         both = tf.tensor_scatter_nd_update(both, self.left[:, None], left)
         return both[:, 0], both[:, 1]
+
+
+class FindsRows(Protocol):
+    """What :class:`~._change_tracking.TrackingOps` needs of the operations it is mixed
+    into (``TableOps``): the table, and the probe that finds the row of each key."""
+
+    t: View
+
+    def find_rows(self, keys: tf.Tensor) -> tf.Tensor:
+        """The row of each of ``keys`` (negative: missing)."""
+        ...

@@ -22,7 +22,7 @@ part sized by the power-of-two capacity, so the table stays within ~1.5x the raw
 bytes, and growing the index (a rehash) never moves a value row. A bigger index or row
 store is assigned after ``DisableCopyOnRead``: a variable that gathers and scatters have
 touched otherwise copies each value assigned to it, into memory touched for the first
-time (``_tracking.replace``): those copies would be a large share of a growth in a new
+time (``_variables.replace``): those copies would be a large share of a growth in a new
 process.
 
 Batches are processed in parallel: every key probes at once, in rounds of a
@@ -34,7 +34,7 @@ probe rounds that lookups use (below), and the keys that stopped at an empty slo
 race for it in the same XLA computation (the other keys' writes go out of bounds, which
 XLA's scatter skips). The keys those rounds left, and the race's losers, go on in a loop
 whose every round runs the same compiled rounds and race over them, in chunks of 32K keys
-(``_race``: one XLA shape per capacity). A compiled round fuses the gathers, the claim
+(``_claim_loop``: one XLA shape per capacity). A compiled round fuses the gathers, the claim
 scatter and the read-back that TF ops run as separate kernels, which makes it several times
 cheaper a key (``benchmarks/table_bench.py`` times inserts batch by batch,
 docs/benchmarks.md "Table core"). The token of the batch's key ``i`` is the row it gets
@@ -104,14 +104,16 @@ import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
 from de_store.tables import (
+    _change_tracking,
     _checks,
-    _fixed,
+    _fixed_growth,
     _index,
     _kernels,
     _locking,
+    _placement,
     _ps_growth,
-    _tracking,
     _types,
+    _variables,
 )
 from de_store.tables.base import TableCore, TableSnapshot
 
@@ -173,12 +175,7 @@ class HashTable(TableCore):
     ) -> None:
         key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
         _checks.check_config(name, key_dtype, value_dtype, dim, _KEY_DTYPES)
-        if not 0.1 <= max_load_factor <= 0.9:
-            raise ValueError(
-                f"table {name!r}: max_load_factor must be in [0.1, 0.9], got {max_load_factor}"
-            )
-        if row_growth <= 1.0:
-            raise ValueError(f"table {name!r}: row_growth must be > 1, got {row_growth}")
+        _checks.check_sizing(name, max_load_factor, row_growth)
         super().__init__(name=_checks.table_name(name))
         self.table_name = name
         self.key_dtype, self.value_dtype, self.dim = key_dtype, value_dtype, dim
@@ -188,48 +185,56 @@ class HashTable(TableCore):
         self.init_capacity = _index.capacity_for(max(init_size, 1), self.max_load_factor)
         rows = max(init_size, 16)
         if fixed_shapes is None:
-            fixed_shapes = _fixed.in_remote_scope()
+            fixed_shapes = _placement.in_remote_scope()
         self.fixed_shapes = bool(fixed_shapes)
-        fixed = self.fixed_shapes
-        # a fixed-shape table's free list holds every row, so that a removal never outgrows it
-        free_rows = rows if fixed else 16
+        self.track_changes = bool(track_changes)
         with tf.name_scope(self.name):
-            self.index = _variable(
-                "index", _index.empty_index(tf.constant(self.init_capacity, tf.int64)), fixed
-            )
-            self.values = _variable("values", tf.zeros([rows, dim], self._stored_dtype), fixed)
-            self.free_rows = _variable("free_rows", tf.zeros([free_rows], tf.int64), fixed)
-            self.num_keys = _counter("num_keys", 0, fixed)
-            self.num_deleted = _counter("num_deleted", 0, fixed)
-            self.num_free = _counter("num_free", 0, fixed)
-            self.next_row = _counter("next_row", 0, fixed)
-            self.track_changes = bool(track_changes)
-            stamp_rows = rows if self.track_changes else 16
-            self.stamps = _variable("stamps", tf.zeros([stamp_rows], _tracking.STAMP_DTYPE), fixed)
-            self.epoch = _counter("epoch", 1, fixed)
-            self.removed = _variable("removed", tf.zeros([16], tf.int64), fixed)
-            self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64), fixed)
-            self.num_removed = _counter("num_removed", 0, fixed)
-            self.row_keys = _variable("row_keys", tf.zeros([rows], tf.int64), fixed)
+            self._create_variables(rows)
         self._device = self.index.device
         self._on_host = tf.DeviceSpec.from_string(self._device).device_type == "CPU"
         self._mutex = _locking.TableMutex(self._device)
-        self._kernels = _kernels.kernels_for(
-            _types.Config(
-                dim,
-                self._stored_dtype,
-                self.max_load_factor,
-                self.row_growth,
-                self.init_capacity,
-                self.track_changes,
-                rows,
-                serial_scatter=self._on_host,  # TensorFlow's CPU scatter is serial
-                fixed_shapes=fixed,
-            )
-        )
-        self._growth = _fixed.Growth(self) if fixed else None
-        if fixed:
+        self._kernels = _kernels.kernels_for(self._kernel_config(rows))
+        self._growth = _fixed_growth.Growth(self) if self.fixed_shapes else None
+        if self.fixed_shapes:
             _ps_growth.install()
+
+    def _create_variables(self, rows: int) -> None:
+        """The index at its initial capacity, a row store of ``rows`` rows, the free list,
+        the change-tracking stamps and log, and the counters."""
+        fixed, dim = self.fixed_shapes, self.dim
+        # a fixed-shape table's free list holds every row, so that a removal never outgrows it
+        free_rows = rows if fixed else 16
+        self.index = _variable(
+            "index", _index.empty_index(tf.constant(self.init_capacity, tf.int64)), fixed
+        )
+        self.values = _variable("values", tf.zeros([rows, dim], self._stored_dtype), fixed)
+        self.free_rows = _variable("free_rows", tf.zeros([free_rows], tf.int64), fixed)
+        self.num_keys = _counter("num_keys", 0, fixed)
+        self.num_deleted = _counter("num_deleted", 0, fixed)
+        self.num_free = _counter("num_free", 0, fixed)
+        self.next_row = _counter("next_row", 0, fixed)
+        stamp_rows = rows if self.track_changes else 16
+        stamps = tf.zeros([stamp_rows], _change_tracking.STAMP_DTYPE)
+        self.stamps = _variable("stamps", stamps, fixed)
+        self.epoch = _counter("epoch", 1, fixed)
+        self.removed = _variable("removed", tf.zeros([16], tf.int64), fixed)
+        self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64), fixed)
+        self.num_removed = _counter("num_removed", 0, fixed)
+        self.row_keys = _variable("row_keys", tf.zeros([rows], tf.int64), fixed)
+
+    def _kernel_config(self, rows: int) -> _types.Config:
+        """What the table's shared kernels depend on (``rows``: the initial row store)."""
+        return _types.Config(
+            self.dim,
+            self._stored_dtype,
+            self.max_load_factor,
+            self.row_growth,
+            self.init_capacity,
+            self.track_changes,
+            rows,
+            serial_scatter=self._on_host,  # TensorFlow's CPU scatter is serial
+            fixed_shapes=self.fixed_shapes,
+        )
 
     # -- contract ----------------------------------------------------------------------
     def lookup(
@@ -391,7 +396,7 @@ class HashTable(TableCore):
     # -- introspection -----------------------------------------------------------------
     def capacity(self) -> int:
         """Number of index slots (a power of two)."""
-        return int(_tracking.variable_length(self.index))
+        return int(_variables.variable_length(self.index))
 
     def memory_bytes(self) -> int:
         """Bytes held by the table's variables."""
@@ -463,9 +468,9 @@ def _repeated(table: HashTable, count: int | None) -> str:
 
 def _variable(name: str, initial: tf.Tensor, fixed: bool) -> tf.Variable:
     """A non-trainable variable whose leading dimension may change (growth, restore), or,
-    ``fixed``, keeps the shape of ``initial`` (:func:`._fixed.fixed_variable`)."""
+    ``fixed``, keeps the shape of ``initial`` (:func:`._placement.fixed_variable`)."""
     if fixed:
-        return _fixed.fixed_variable(name, initial)
+        return _placement.fixed_variable(name, initial)
     shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
     return tf.Variable(initial, name=name, trainable=False, shape=shape)
 
@@ -473,5 +478,5 @@ def _variable(name: str, initial: tf.Tensor, fixed: bool) -> tf.Variable:
 def _counter(name: str, value: int, fixed: bool) -> tf.Variable:
     """An int64 scalar variable (placed as :func:`_variable` places it)."""
     if fixed:
-        return _fixed.fixed_variable(name, tf.constant(value, tf.int64))
+        return _placement.fixed_variable(name, tf.constant(value, tf.int64))
     return tf.Variable(tf.constant(value, tf.int64), name=name, trainable=False)

@@ -1,4 +1,4 @@
-"""The change-tracking operations of :class:`~de_store.tables._probe.TableOps`.
+"""The change-tracking operations of :class:`~de_store.tables._table_ops.TableOps`.
 
 Every row written (insert, accum) is stamped with the table's current epoch in ``stamps``
 (parallel to the row store); removed keys go on a log (``removed``, ``removed_at``) with
@@ -9,77 +9,21 @@ written with it, ``row_keys``) and the logged keys removed later that are absent
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import tensorflow as tf
+
+from de_store.tables._types import FindsRows, View
+from de_store.tables._variables import count, push
 
 #: Row stamps (the epoch of a row's last write) are 4 bytes a row: uint32 has GPU
 #: gathers and scatters, int32 does not.
 STAMP_DTYPE = tf.uint32
 
 
-def count(x: tf.Tensor) -> tf.Tensor:
-    """Elements of ``x`` (int64 scalar)."""
-    return tf.size(x, out_type=tf.int64)
-
-
-def variable_length(var: tf.Variable) -> tf.Tensor:
-    """Leading dimension of a variable, without reading its value."""
-    return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
-
-
-def replace(var: tf.Variable, value: tf.Tensor) -> None:
-    """Assign ``value`` (of any length) to ``var`` without copying it.
-
-    A variable that a sparse op (gather, scatter) has touched is in TensorFlow's
-    copy-on-read mode: it copies every value assigned to it, into memory touched for the
-    first time (on this VM about 2 s per GB: growing a table to 10M keys spent 3.8 of its
-    8.8 s there). ``DisableCopyOnRead`` ends that mode; the next sparse op starts it again,
-    copying only if the buffer is still shared then.
-    """
-    tf.raw_ops.DisableCopyOnRead(resource=var.handle)
-    var.assign(value)
-
-
-def read_shared(var: tf.Variable) -> tf.Tensor:
-    """The value of ``var`` without a copy (see :func:`replace`): a later sparse write
-    copies the buffer if this tensor still holds it."""
-    tf.raw_ops.DisableCopyOnRead(resource=var.handle)
-    return var.read_value()
-
-
-def push(top: tf.Variable, stacks: Sequence[tuple[tf.Variable, tf.Tensor]]) -> None:
-    """Append each ``values`` to its int64 stack variable at ``top``, the fill they share.
-
-    The stacks are as long as each other; when the values do not fit they all grow first,
-    to twice their length or to what is needed if more. ``top`` then counts the values.
-    """
-    start = top.read_value()
-    needed = start + count(stacks[0][1])
-
-    def grow() -> tf.Tensor:
-        have = variable_length(stacks[0][0])
-        extra = tf.zeros(tf.reshape(tf.maximum(needed, 2 * have) - have, [1]), tf.int64)
-        for stack, _ in stacks:
-            replace(stack, tf.concat([stack, extra], axis=0))
-        return tf.constant(True)
-
-    tf.cond(needed > variable_length(stacks[0][0]), grow, lambda: tf.constant(False))
-    at = tf.range(start, needed)
-    for stack, values in stacks:
-        stack.scatter_update(tf.IndexedSlices(values, at))
-    top.assign(needed)
-
-
 class TrackingOps:
-    """Mixed into ``TableOps``: ``self.t`` is the table, ``self.find_rows`` probes it."""
+    """Mixed into ``TableOps``: ``self.t`` is the table; ``export_changes`` probes it
+    (what it needs of the class it is mixed into: :class:`~._types.FindsRows`)."""
 
-    t: Any
-
-    def find_rows(self, keys: tf.Tensor) -> tf.Tensor:
-        """The row of each of ``keys`` (negative: missing); ``TableOps`` probes."""
-        raise NotImplementedError
+    t: View
 
     def stamp(self, rows: tf.Tensor) -> None:
         """Stamp ``rows`` with the current epoch (no-op when changes are not tracked)."""
@@ -103,7 +47,7 @@ class TrackingOps:
         epoch = tf.fill(tf.shape(keys), t.epoch.read_value())
         push(t.num_removed, [(t.removed, keys), (t.removed_at, epoch)])
 
-    def export_changes(self, since: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    def export_changes(self: FindsRows, since: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """``(keys, values)`` of the live rows written at an epoch after ``since``, and the
         keys removed after ``since`` that are absent now (possibly repeated)."""
         t = self.t

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.eager import context
-from tensorflow.python.ops import resource_variable_ops
 
-from de_store.tables import _demand, _index, _key_bounds, _tracking, _types
+from de_store.tables import _change_tracking, _demand, _index, _key_bounds, _types, _variables
+from de_store.tables._placement import fixed_variable
 
 #: Kernels that may add keys (their first argument holds the keys, or for ``prepare``
 #: the count) and the one that logs removals.
@@ -34,30 +33,6 @@ _ADDING = ("insert", "load_distinct", "accum_insert", "prepare")
 _LOAD_FIELDS = ("index", "values", "removed", "num_keys", "num_free", "next_row", "num_removed")
 #: No limit (the removal log of a table that keeps none).
 UNLIMITED = 1 << 62
-
-
-def in_remote_scope() -> bool:
-    """Whether the device scope in effect eagerly belongs to another job or task than this
-    process (False without one, and in a graph)."""
-    if not tf.executing_eagerly():
-        return False
-    device = tf.DeviceSpec.from_string(context.context().device_name or "")
-    if device.job is None:
-        return False
-    local = tf.DeviceSpec.from_string(context.context().host_address_space())
-    return (device.job, device.task or 0) != (local.job, local.task or 0)
-
-
-def fixed_variable(name: str, initial: tf.Tensor) -> tf.Variable:
-    """A variable of ``initial``'s shape on the device in scope.
-
-    Built as a plain ``ResourceVariable``, past any distribution strategy's variable
-    creator: ``ParameterServerStrategy`` places each new variable on the next parameter
-    server in turn, which would spread one table over several tasks.
-    """
-    return resource_variable_ops.ResourceVariable(
-        initial, name=name, trainable=False, shape=initial.shape
-    )
 
 
 class Growth:
@@ -172,7 +147,7 @@ class Growth:
         with tf.device(t._device):
             held = tf.stack(
                 [t.num_keys, t.num_free, t.next_row, t.num_removed]
-                + [_tracking.variable_length(v) for v in (t.index, t.values, t.removed)]
+                + [_variables.variable_length(v) for v in (t.index, t.values, t.removed)]
             ).numpy()
         num_keys, num_free, next_row, num_removed, capacity, rows, log = map(int, held)
         if num_keys + count > int(capacity * t.max_load_factor):
@@ -205,7 +180,7 @@ class Growth:
                 "row_keys", tf.concat([t.row_keys, tf.zeros([extra], tf.int64)], 0)
             )
             if t.track_changes:  # stamps are as long as the row store
-                zeros = tf.cast(tf.zeros([extra], tf.int64), _tracking.STAMP_DTYPE)
+                zeros = tf.cast(tf.zeros([extra], tf.int64), _change_tracking.STAMP_DTYPE)
                 t.stamps = fixed_variable("stamps", tf.concat([t.stamps, zeros], 0))
 
     def _grow_log(self, length: int, have: int) -> None:

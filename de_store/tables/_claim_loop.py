@@ -1,0 +1,99 @@
+"""The claim loop of big inserts: the keys the compiled first probe rounds left race on for
+empty slots, round after round, each round compiled (:data:`~._index.race_from`) over
+chunks of keys; and :func:`probe_rounds`, the loop of rounds it and the graph probe of
+:class:`~de_store.tables._probing.ProbeOps` run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from de_store.tables._index import CHUNK, race_from
+from de_store.tables._types import View
+from de_store.tables._variables import count as _count
+
+
+def probe_rounds(body: Any, columns: list[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+    """Run ``body`` round after round until every key is resolved; ``(slots, rows)`` of
+    each key, in batch order.
+
+    ``columns`` are what the rounds carry per key (keys first). ``body(step, idx, *columns,
+    found, found_at)`` writes, at ``step``, the batch positions (from ``idx``) of the keys
+    it resolved to ``found`` and their ``(slot, row)`` to ``found_at``, and returns the
+    arguments of the next round, for the keys left.
+    """
+    found, found_at = (
+        tf.TensorArray(tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=shape)
+        for shape in ([None], [None, 2])
+    )
+    loop = tf.while_loop(
+        lambda step, idx, *_: _count(idx) > 0,
+        body,
+        (tf.constant(0, tf.int32), tf.range(_count(columns[0])), *columns, found, found_at),
+        shape_invariants=(
+            tf.TensorShape([]),
+            *[tf.TensorShape([None])] * (1 + len(columns)),
+            *[tf.TensorShape(None)] * 2,
+        ),
+    )
+    # The positions found form a permutation of the batch.
+    order = tf.cast(loop[-2].concat(), tf.int32)
+    result = tf.dynamic_stitch([order], [loop[-1].concat()])
+    return result[:, 0], result[:, 1]
+
+
+def race_chunks(
+    t: View, keys: tf.Tensor, tokens: tf.Tensor, start: tf.Tensor
+) -> tuple[tf.Tensor, ...]:
+    """:data:`~._index.race_from` over every key, chunk after chunk of
+    :data:`~._index.CHUNK` keys (the last one padded): ``(rows, slots, start,
+    counts)`` as :func:`~._index.first_race` gives them, for keys probing from
+    ``start``."""
+    n = _count(keys)
+    chunks = tf.cast((n + CHUNK - 1) // CHUNK, tf.int32)
+    pad = tf.zeros(tf.reshape(tf.cast(chunks, tf.int64) * CHUNK - n, [1]), tf.int64)
+    keys, tokens, start = (tf.concat([x, pad], 0) for x in (keys, tokens, start))
+    race = race_from[t.serial_scatter]
+    outs = [tf.TensorArray(tf.int64, size=chunks, element_shape=[CHUNK]) for _ in range(3)]
+
+    def body(j: tf.Tensor, counts: tf.Tensor, *outs: tf.TensorArray) -> tuple[Any, ...]:
+        at = tf.cast(j, tf.int64) * CHUNK
+        *got, more = race(
+            t.index.handle,
+            keys[at : at + CHUNK],
+            tokens[at : at + CHUNK],
+            tf.minimum(n - at, CHUNK),
+            start[at : at + CHUNK],
+        )
+        written = (out.write(j, x) for out, x in zip(outs, got, strict=True))
+        return (j + 1, counts + more, *written)
+
+    # One chunk after the other: each race reads the slots the ones before claimed.
+    loop = tf.while_loop(
+        lambda j, *_: j < chunks,
+        body,
+        (tf.constant(0), tf.zeros([2], tf.int64), *outs),
+        parallel_iterations=1,
+    )
+    return (*(out.concat()[:n] for out in loop[2:]), loop[1])
+
+
+def claim_loop(
+    t: View, keys: tf.Tensor, start: tf.Tensor, tokens: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """The probe of :meth:`~._probing.ProbeOps.probe` claiming, for keys probing on from
+    ``start``, each round the compiled rounds and race of :func:`race_chunks` over every
+    key left."""
+
+    def body(step, idx, ks, tk, pos, found, found_at):
+        rows, slots, going_on, _ = race_chunks(t, ks, tk, pos)
+        done_at = tf.where(going_on < 0)[:, 0]
+        found = found.write(step, tf.gather(idx, done_at))
+        at = [tf.gather(slots, done_at), tf.gather(rows, done_at)]
+        found_at = found_at.write(step, tf.stack(at, axis=1))
+        keep = tf.where(going_on >= 0)[:, 0]
+        kept = [tf.gather(x, keep) for x in (idx, ks, tk, going_on)]
+        return (step + 1, *kept, found, found_at)
+
+    return probe_rounds(body, [keys, tokens, start])
