@@ -1,9 +1,10 @@
 """The cache directory of traced kernels and XLA executables (nothing in it is ever needed).
 
 A new process pays for tracing a table's kernels and for XLA's compiles of their first
-probe rounds (about 1 s before the first insert of a 1M-key batch); both are kept here so
-that later processes load them instead (:mod:`de_store.tables._kernel_cache` for the
-kernels). :func:`use_xla_cache` runs when ``de_store`` is imported: it points TensorFlow's
+probe rounds, before its first insert, many times what the insert itself takes
+(docs/benchmarks.md, Costs behind the code); both are kept here so that later processes
+load them instead (:mod:`de_store.tables._kernel_cache` for the kernels).
+:func:`use_xla_cache` runs when ``de_store`` is imported: it points TensorFlow's
 persistent XLA cache (``--tf_xla_persistent_cache_directory``) at ``xla/<TensorFlow
 version>-<CPU digest>`` in this directory (XLA compiles for the CPU it runs on), by
 adding the flag to ``TF_XLA_FLAGS``, unless that names a cache directory already.

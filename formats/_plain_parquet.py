@@ -1,15 +1,15 @@
 """A direct Parquet writer for uncompressed shards of fixed-width columns.
 
-Arrow's Parquet writer spends most of a shard's write building and RLE-encoding one
-repetition and one definition level per element of a ``fixed_size_list`` column (about
-1.3 s of 1.9 s for 10M rows of dim 16). For the columns de_store writes those levels are
-known in advance: every element is present (definition level 1 throughout) and every row
-holds exactly ``width`` elements (repetition levels ``0, 1, ..., 1`` per row). This writer
-emits them as two precomputed runs and the values as PLAIN bytes taken straight from the
-Arrow buffers, one version-1 data page per column and row group (split when a page would
-pass :data:`PAGE_BYTES`), then the footer Thrift-encoded by hand. The file is the one
-Arrow writes in every respect a reader sees: the same Parquet schema, ``ARROW:schema``
-and key-value metadata, key statistics and column orders.
+Arrow's Parquet writer spends much of a shard's write building and RLE-encoding one
+repetition and one definition level per element of a ``fixed_size_list`` column
+(docs/benchmarks.md, Costs behind the code). For the columns de_store writes those
+levels are known in advance: every element is present (definition level 1 throughout)
+and every row holds exactly ``width`` elements (repetition levels ``0, 1, ..., 1`` per
+row). This writer emits them as two precomputed runs and the values as PLAIN bytes taken
+straight from the Arrow buffers, one version-1 data page per column and row group (split
+when a page would pass :data:`PAGE_BYTES`), then the footer Thrift-encoded by hand. The
+file is the one Arrow writes in every respect a reader sees: the same Parquet schema,
+``ARROW:schema`` and key-value metadata, key statistics and column orders.
 
 :func:`supports` says which schemas it takes: integer keys and float32/float64/int32/int64
 value and extra columns, all non-null. The others (string keys, 8- and 16-bit values)

@@ -22,7 +22,7 @@ _BUCKET_COUNTS = (5040, 720, 240, 48, 24, 12, 4, 2, 1)
 #: cost small next to the part's bytes.
 MIN_ROWS_PER_BUCKET = 16384
 #: Arrow sorts integers spanning at most this many values by counting; wider ones by
-#: comparison, about 20x slower for 10M bucket ids.
+#: comparison, several times slower (docs/benchmarks.md, Costs behind the code).
 COUNTING_SORT_RANGE = 4096
 
 
@@ -45,7 +45,7 @@ def key_hash_mod(keys: np.ndarray, modulus: int, key_dtype: str) -> np.ndarray:
 
 def int_floormod(values: np.ndarray, modulus: int) -> np.ndarray:
     """``np.mod(values, modulus)`` of int64 ``values``, by numpy's floor division (which
-    divides by a scalar with multiplications, about twice as fast as its remainder loop).
+    divides by a scalar with multiplications, faster than its remainder loop).
 
     ``values - quotient * modulus`` may wrap around in between (``-2**63`` by 720), but
     int64 arithmetic wraps modulo ``2**64`` and the result lies in ``[0, modulus)``, so
@@ -64,9 +64,9 @@ def bucket_order(buckets: np.ndarray, num_buckets: int) -> tuple[np.ndarray, np.
 def stable_order(buckets: np.ndarray) -> np.ndarray:
     """The stable sort order of ``buckets``, non-negative ids (int64 positions).
 
-    Arrow's counting sort for ids below ``COUNTING_SORT_RANGE`` (about 5x numpy's radix
-    sort of the same ids as 16-bit integers); numpy's radix sort for wider ones (5040
-    buckets), which Arrow would sort by comparison.
+    Arrow's counting sort for ids below ``COUNTING_SORT_RANGE`` (faster than numpy's
+    radix sort of the same ids as 16-bit integers); numpy's radix sort for wider ones
+    (5040 buckets), which Arrow would sort by comparison (docs/benchmarks.md).
     """
     top = int(buckets.max()) if len(buckets) else 0
     if top < COUNTING_SORT_RANGE:

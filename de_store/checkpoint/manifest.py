@@ -198,7 +198,7 @@ def library_versions() -> dict[str, str]:
 
 @functools.cache
 def _installed_versions() -> dict[str, str]:
-    # read once a process: each package's metadata is a file read (about 1 ms each)
+    # read once a process: each package's metadata is a file read (docs/benchmarks.md)
     from importlib import metadata
 
     versions = {}

@@ -65,8 +65,8 @@ def trace_async_copies_without_autograph() -> None:
     """Have ``AsyncCheckpointHelper._copy_to_cpu`` traced without autograph.
 
     TF's async helper traces that ``tf.function`` at the second async save of a process,
-    in the training thread, and autograph converts its source first: 0.08 s of a 0.09 s
-    block (10M x 16, about 15% of a sync save). Its body loops over Python lists only,
+    in the training thread, and autograph converts its source first, most of that block
+    (docs/benchmarks.md, Costs behind the code). Its body loops over Python lists only,
     which trace the same without autograph.
     """
     cls = _async_helper_class()

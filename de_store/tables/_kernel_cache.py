@@ -1,7 +1,7 @@
 """Traced kernels kept on disk, so a new process calls them without tracing them again.
 
-Tracing the kernels of one table config builds a few thousand ops in Python: about 0.5 s
-for the insert kernel alone, paid again by every process that fills or restores a table.
+Tracing the kernels of one table config builds a few thousand ops in Python, paid again
+by every process that fills or restores a table (docs/benchmarks.md, Costs behind the code).
 A kernel traced once is written here as its function library (the ``FunctionDef`` s of the
 kernel and of every function it calls); a later process with the same TensorFlow, the same
 table code and the same config adds those definitions to its context and calls the kernel

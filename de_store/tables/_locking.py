@@ -127,8 +127,9 @@ def unoptimized_calls() -> Iterator[None]:
     """Eager function calls on this thread skip Grappler while in this block.
 
     A kernel's graph is built from few, fused ops with nothing for Grappler to fold or
-    prune, yet optimizing its ~1,300 nodes is half of what its first call costs in a
-    process (the instantiation: 0.4 s for the insert kernel, 0.2 s without Grappler).
+    prune, yet optimizing its ~1,300 nodes is a large part of what its first call costs
+    in a process, when TensorFlow instantiates it (docs/benchmarks.md, Costs behind the
+    code).
     The options are thread-local (TensorFlow's own ``function_executor_type`` sets them
     the same way): calls of the user's functions, and the kernels when a user's
     ``tf.function`` calls them (optimized with the caller's graph), are left as they are.
