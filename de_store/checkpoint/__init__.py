@@ -5,8 +5,10 @@ it is written, committed, found, checked and collected.
 - :mod:`.manifest`: the merged manifest and the rank manifests (JSON);
 - :mod:`.commit`: commit records and manifests committed atomically (rename or marker);
 - :mod:`.barrier`, :mod:`.topology`, :mod:`.events`: the ranks of one save;
-- :mod:`.destination`, :mod:`.staging`, :mod:`.retry`: where a save writes, what it
-  leaves while it does, and how storage calls are retried;
+- :mod:`.request`, :mod:`.destination`: a save request checked once, where it enters
+  (distinct variable names, a destination that can take the checkpoint);
+- :mod:`.staging`, :mod:`.retry`: what a save leaves while it writes, and how storage
+  calls are retried;
 - :mod:`.chain`, :mod:`.checks`, :mod:`.buckets`, :mod:`.verify`: reading checkpoints back
   and checking them (incremental chains, shard records, key buckets, crc32c);
 - :mod:`.gc`, :mod:`.binding`: what is abandoned or orphaned, and the TF checkpoint a

@@ -28,7 +28,6 @@ import os
 import socket
 import tempfile
 import urllib.parse
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,11 +35,10 @@ import fsspec
 
 from de_store.backends.base import Backend
 from de_store.backends.location import Location
+from de_store.checkpoint import names
 from de_store.checkpoint.retry import NO_RETRY, RetryPolicy
 from de_store.errors import DestinationError, StorageUnreachableError
 
-#: Name prefix of the empty object a probe writes and deletes (``probe=True``).
-PROBE_PREFIX = ".de_store-probe-"
 #: Environment variables naming a proxy: the storage client goes through it, not direct.
 _PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")
 
@@ -84,7 +82,7 @@ def _check_local(path: str, where: str) -> None:
             f"{path} cannot be created in it"
         )
     try:
-        with tempfile.TemporaryFile(dir=folder, prefix=PROBE_PREFIX):
+        with tempfile.TemporaryFile(dir=folder, prefix=names.PROBE_PREFIX):
             pass
     except OSError as err:
         raise DestinationError(
@@ -94,7 +92,7 @@ def _check_local(path: str, where: str) -> None:
 
 
 def _probe_remote(backend: Backend, name: str, where: str, retry: RetryPolicy) -> None:
-    probe = backend.join(name, f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+    probe = backend.join(name, names.probe_name())
     try:
         retry.call(lambda: backend.write_bytes(probe, b""))
     except Exception as err:

@@ -7,6 +7,7 @@ A checkpoint ``NAME`` is a folder holding::
     COMMIT-{generation:06d}                 commit record: NAME is committed iff one exists
     manifest-{generation:06d}.json          the merged manifest that record names
     ABORT                                   why a save attempt failed (rank 0 writes it)
+    .de_store-probe-{32 hex}                a destination check's empty object, deleted again
     _ranks/[{token}/]{save_id}/rank-{rank:05d}.json   rank manifests of a save attempt
     _barrier/{tag}/rank-{rank:05d}          barrier arrival files
     {variable}/[removed-]r{rank:05d}-s{shard:05d}-{8 hex}{format's ends}   shard files
@@ -74,7 +75,7 @@ RANKS_DIR = "_ranks"
 BARRIER_DIR = "_barrier"
 #: Start of a rank's file name in ``_ranks/`` and ``_barrier/``.
 RANK_PREFIX = "rank-"
-#: A job token, as a folder name (``saver.core.job_token`` makes it so).
+#: A job token, as a folder name (:func:`job_token_of` makes it so).
 _JOB_TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -96,6 +97,12 @@ def job_folder(name: str, token: str) -> str:
     return f"{name}/{RANKS_DIR}/{token}" if token else name
 
 
+def job_token_of(job_id: str) -> str:
+    """The job token (a folder name) of the job ``job_id``: its characters other than
+    letters, digits, ``_``, ``.`` and ``-`` replaced by ``_``, at most 64 of them."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:64]
+
+
 def is_job_token(name: str) -> bool:
     """Whether ``name`` can be a job token (a folder of ``NAME.pending`` or ``_ranks``)."""
     return _JOB_TOKEN.fullmatch(name) is not None
@@ -104,6 +111,15 @@ def is_job_token(name: str) -> bool:
 def barrier_file(tag: str, rank: int) -> str:
     """The file ``rank`` writes on arriving at the barrier ``tag``."""
     return f"{BARRIER_DIR}/{tag}/{RANK_PREFIX}{rank:05d}"
+
+
+#: Start of the name of the empty file a destination check writes and deletes.
+PROBE_PREFIX = ".de_store-probe-"
+
+
+def probe_name() -> str:
+    """A new name for the object a destination probe writes in the checkpoint folder."""
+    return f"{PROBE_PREFIX}{uuid.uuid4().hex}"
 
 
 # --- folders beside a checkpoint (rename commit) ----------------------------------------
@@ -208,6 +224,12 @@ def is_shard_file(path: str) -> bool:
 RESTORE_SCRATCH_PREFIX = ".restore-"
 _RESTORE_SCRATCH = re.compile(rf"{re.escape(RESTORE_SCRATCH_PREFIX)}[a-z0-9_]{{8}}")
 _RESTORE_FILE = re.compile(rf"\d{{6}}-\d+({_tf_bundle.file_name_ends()})")
+
+
+def restore_bundle_name(shard: int, column: int) -> str:
+    """The bundle, in a restore's scratch folder, of file ``column`` of the shard record
+    ``shard`` (its index, and a symlink to that file as its data file)."""
+    return f"{shard:06d}-{column}"
 
 
 def is_restore_scratch(folder: str) -> bool:

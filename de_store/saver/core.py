@@ -18,7 +18,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import os
-import re
 import threading
 import time
 import uuid
@@ -151,7 +150,7 @@ def job_token(topology: Topology, job_id: str | None = None) -> str:
         job_id = next((os.environ[v] for v in JOB_ID_VARIABLES if os.environ.get(v)), "")
         if job_id and os.environ.get("SLURM_STEP_ID") and job_id == os.environ.get("SLURM_JOB_ID"):
             job_id += "." + os.environ["SLURM_STEP_ID"]
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:64]
+    return names.job_token_of(job_id)
 
 
 def save_checkpoint(

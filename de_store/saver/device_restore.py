@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from de_store.checkpoint import names
 from de_store.checkpoint._tf_bundle import TensorEntry, data_path, index_bytes, index_path
 from de_store.checkpoint.manifest import ShardRecord, VariableEntry
-from de_store.checkpoint.names import RESTORE_SCRATCH_PREFIX
 from de_store.errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -245,7 +245,7 @@ def read_on_devices(plan: DevicePlan, bar: Progress | None = None) -> DeviceRows
     """
     start = time.perf_counter()
     _check_file_crcs(plan)
-    where = tempfile.mkdtemp(prefix=RESTORE_SCRATCH_PREFIX, dir=plan.folder.local_path(""))
+    where = tempfile.mkdtemp(prefix=names.RESTORE_SCRATCH_PREFIX, dir=plan.folder.local_path(""))
     try:
         try:
             prefixes = _write_indexes(plan, where)
@@ -299,7 +299,7 @@ def _write_indexes(plan: DevicePlan, where: str) -> dict[tuple[int, int], str]:
         info = plan.infos[index]
         for j, (file, layout) in enumerate(zip(info.files, column_layout(info.schema),
                                                strict=True)):  # fmt: skip
-            prefix = os.path.join(where, f"{index:06d}-{j}")
+            prefix = os.path.join(where, names.restore_bundle_name(index, j))
             entries = {run.name: _tensor_entry(info, run, j, *layout) for run in held}
             with open(index_path(prefix), "wb") as f:
                 f.write(index_bytes(entries))
