@@ -62,7 +62,8 @@ if TYPE_CHECKING:
         embedding_lookup_unique,
         safe_embedding_lookup_sparse,
     )
-    from de_store.variable import CuckooHashTableCreator, HashTableCreator, Variable, get_variable
+    from de_store.table_creators import CuckooHashTableCreator, HashTableCreator
+    from de_store.variable import Variable, get_variable
 
 #: public name -> module that defines it (imported on first access)
 _LAZY_NAMES = {
@@ -86,8 +87,8 @@ _LAZY_NAMES = {
     "SaveHandle": "de_store.saver",
     "restore": "de_store.saver",
     "save": "de_store.saver",
-    "HashTableCreator": "de_store.variable",
-    "CuckooHashTableCreator": "de_store.variable",
+    "HashTableCreator": "de_store.table_creators",
+    "CuckooHashTableCreator": "de_store.table_creators",
     "trainable_wrapper_filter": "de_store.embedding",
     "Variable": "de_store.variable",
     "get_variable": "de_store.variable",

@@ -1,11 +1,12 @@
 """The arguments of a :class:`~de_store.variable.Variable` (both orders: de_store's and
-TFRA's), their checks, its initializer rows, and the values errors and graph-mode results
-its methods share."""
+TFRA's), their checks, its initializer rows, and the lock, values errors, key and row
+checks and graph-mode results its methods share."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -14,6 +15,19 @@ from de_store.errors import VariableError
 from de_store.partition import Partitioner, default_partition_fn
 
 INT_KEYS = (tf.int32, tf.int64)
+_T = TypeVar("_T")
+
+
+def holding_lock(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Run ``method`` holding its object's ``_lock`` (:meth:`Variable.exclusive
+    <de_store.variable.Variable.exclusive>`)."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> _T:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 def grouped(ops: list[Any]) -> Any:
@@ -189,3 +203,41 @@ def resolve_device(name: str, device: str, known: dict[tuple[Any, Any], str]) ->
             f"expected one of {sorted(known.values())}"
         )
     return resolved
+
+
+def checked_keys(name: str, key_dtype: tf.DType, keys: Any) -> tf.Tensor:
+    """``keys`` as a tensor of ``key_dtype``; VariableError naming the variable ``name``
+    when they are of another dtype (a tensor's is never cast)."""
+    if isinstance(keys, (tf.Tensor, tf.Variable)) and keys.dtype != key_dtype:
+        raise VariableError(
+            f"variable '{name}': expected keys of dtype {key_dtype.name}, got {keys.dtype.name}"
+        )
+    try:
+        return tf.convert_to_tensor(keys, dtype=key_dtype)
+    except (TypeError, ValueError) as err:
+        raise VariableError(
+            f"variable '{name}': expected keys of dtype {key_dtype.name}, "
+            f"got {np.asarray(keys).dtype}"
+        ) from err
+
+
+def checked_rows(
+    name: str, value_dtype: tf.DType, dim: int, values: Any, what: str = "values"
+) -> tf.Tensor:
+    """``values`` as ``[n, dim]`` rows of ``value_dtype`` (numbers are cast);
+    InvalidValuesError naming the variable ``name`` and ``what`` they are otherwise."""
+    values = tf.convert_to_tensor(values)
+    if values.dtype != value_dtype:
+        if values.dtype.is_floating or values.dtype.is_integer:
+            values = tf.cast(values, value_dtype)
+        else:
+            raise InvalidValuesError(
+                f"variable '{name}': expected {what} of dtype "
+                f"{value_dtype.name}, got {values.dtype.name}"
+            )
+    last = values.shape[-1] if values.shape.rank else None
+    if last is not None and last != dim:
+        raise InvalidValuesError(
+            f"variable '{name}': expected {what} of shape [n, {dim}], got {values.shape.as_list()}"
+        )
+    return tf.reshape(values, [-1, dim])

@@ -8,103 +8,38 @@ tables with the same keys, devices and partitioner, so every key's state sits on
 
 from __future__ import annotations
 
-import functools
 import threading
-import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import tensorflow as tf
 
 from de_store._variable_args import (
-    INT_KEYS,
     Initializer,
-    InvalidValuesError,
     after,
     check_dim,
     check_dtypes,
+    checked_keys,
+    checked_rows,
     grouped,
+    holding_lock,
     module_name,
     own_order,
     resolve_devices,
     tfra_order,
 )
+from de_store._variable_registry import existing_variable, register, scoped_name
 from de_store.errors import VariableError
 from de_store.partition import Partitioner, default_partition_fn, split_by_shard, stitch_shards
 from de_store.saver import tf_hook  # registers the TF checkpoint saver of Variables
 from de_store.saver.rows import reserve_shards
 from de_store.saver.variable_rows import ChangeBase
+from de_store.table_creators import CuckooHashTableCreator as CuckooHashTableCreator
+from de_store.table_creators import HashTableCreator
 
 if TYPE_CHECKING:  # importing de_store.tables creates TF constants, which fixes the devices
     from de_store.backends import Backend
     from de_store.tables.base import TableCore
-
-_T = TypeVar("_T")
-#: graph -> name -> Variable: as TFRA's, variables are kept per graph (eager code shares one)
-_REGISTRY: weakref.WeakKeyDictionary[Any, weakref.WeakValueDictionary[str, Variable]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _exclusive(method: Callable[..., _T]) -> Callable[..., _T]:
-    """Run ``method`` holding the Variable's lock (:meth:`Variable.exclusive`)."""
-
-    @functools.wraps(method)
-    def run(self: Variable, *args: Any, **kwargs: Any) -> _T:
-        with self._lock:  # type: ignore[attr-defined]
-            return method(self, *args, **kwargs)
-
-    return run
-
-
-class HashTableCreator:
-    """Creates the table core of each shard and carries the checkpoint saver.
-
-    Integer keys get ``de_store.tables.HashTable`` (GPU-capable) when it is available,
-    string keys (and int keys without it) get ``de_store.tables.MutableTable``.
-
-    Parameters
-    ----------
-    saver:
-        The saver that checkpoints variables created with this creator, or ``None`` to
-        rely on ``tf.train.Checkpoint`` alone. Only stored here.
-    track_changes:
-        Whether the tables track what changed since the last checkpoint (needed for
-        incremental checkpoints; costs 4 bytes a row and one scatter per write).
-    """
-
-    def __init__(self, saver: Any = None, track_changes: bool = True) -> None:
-        self.saver = saver
-        self.track_changes = bool(track_changes)
-
-    def create(
-        self, key_dtype: tf.DType, value_dtype: tf.DType, dim: int, *, name: str, init_size: int
-    ) -> TableCore:
-        """Return a new, empty table core for one shard."""
-        import de_store.tables as tables
-
-        core_cls = getattr(tables, "HashTable", None) if key_dtype in INT_KEYS else None
-        if core_cls is None:
-            core_cls = tables.MutableTable
-        return core_cls(
-            key_dtype,
-            value_dtype,
-            dim,
-            name=name,
-            init_size=init_size,
-            track_changes=self.track_changes,
-        )
-
-
-class CuckooHashTableCreator(HashTableCreator):
-    """TFRA's creator name, for programs that move over by changing their import: the same
-    table as :class:`HashTableCreator`. ``config`` (TFRA's ``CuckooHashTableConfig``) is
-    accepted and unused: de_store's table sizes itself as it grows."""
-
-    def __init__(self, config: Any = None, saver: Any = None) -> None:
-        del config
-        super().__init__(saver=saver)
 
 
 class Variable(tf.Module):
@@ -263,37 +198,10 @@ class Variable(tf.Module):
         return tf.reshape(self._keys(keys), [-1])
 
     def _keys(self, keys: Any) -> tf.Tensor:
-        if isinstance(keys, (tf.Tensor, tf.Variable)) and keys.dtype != self.key_dtype:
-            raise VariableError(
-                f"variable '{self.name}': expected keys of dtype {self.key_dtype.name}, "
-                f"got {keys.dtype.name}"
-            )
-        try:
-            keys = tf.convert_to_tensor(keys, dtype=self.key_dtype)
-        except (TypeError, ValueError) as err:
-            raise VariableError(
-                f"variable '{self.name}': expected keys of dtype {self.key_dtype.name}, "
-                f"got {np.asarray(keys).dtype}"
-            ) from err
-        return keys
+        return checked_keys(self.name, self.key_dtype, keys)
 
     def _rows(self, values: Any, what: str = "values") -> tf.Tensor:
-        values = tf.convert_to_tensor(values)
-        if values.dtype != self.value_dtype:
-            if values.dtype.is_floating or values.dtype.is_integer:
-                values = tf.cast(values, self.value_dtype)
-            else:
-                raise InvalidValuesError(
-                    f"variable '{self.name}': expected {what} of dtype "
-                    f"{self.value_dtype.name}, got {values.dtype.name}"
-                )
-        last = values.shape[-1] if values.shape.rank else None
-        if last is not None and last != self.dim:
-            raise InvalidValuesError(
-                f"variable '{self.name}': expected {what} of shape [n, {self.dim}], "
-                f"got {values.shape.as_list()}"
-            )
-        return tf.reshape(values, [-1, self.dim])
+        return checked_rows(self.name, self.value_dtype, self.dim, values, what)
 
     def partition(self, keys: Any) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """Split ``keys`` by shard: one ``(shard_keys, positions_in_keys)`` per shard."""
@@ -326,7 +234,7 @@ class Variable(tf.Module):
             return values, tf.reshape(exists, tf.shape(keys))
         return values
 
-    @_exclusive
+    @holding_lock
     def _lookup_flat(self, flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         default = self._initializer.constant_default()
         positions, values, exists = [], [], []
@@ -345,7 +253,7 @@ class Variable(tf.Module):
             merged = tf.where(found[:, None], merged, fresh)
         return merged, found
 
-    @_exclusive
+    @holding_lock
     def upsert(self, keys: Any, values: Any) -> Any:
         """Insert or overwrite the rows of ``keys`` (in a graph: returns the op)."""
         values = self._rows(values)
@@ -357,7 +265,7 @@ class Variable(tf.Module):
                 ops.append(shard.insert(shard_keys, self._for_shard(values, shard_pos)))
         return grouped(ops)
 
-    @_exclusive
+    @holding_lock
     def load_distinct(self, keys: Any, values: Any, shard: int | None = None) -> None:
         """Bulk-insert keys absent from every shard and distinct (a restore's rows); see
         ``TableCore.load_distinct``. On ``RepeatedKeysError`` clear the variable.
@@ -402,7 +310,7 @@ class Variable(tf.Module):
             return self._accum_trained(keys, old, new, existed)
         return self._accum_deltas(keys, deltas, bool(insert_missing))
 
-    @_exclusive
+    @holding_lock
     def _accum_deltas(self, keys: Any, deltas: Any, insert_missing: bool) -> Any:
         deltas = self._rows(deltas, what="deltas")
         ops: list[Any] = []
@@ -415,7 +323,7 @@ class Variable(tf.Module):
                 )
         return grouped(ops)
 
-    @_exclusive
+    @holding_lock
     def _accum_trained(self, keys: Any, old: Any, new: Any, existed: Any) -> Any:
         keys = self._flat_keys(keys)
         old, new = self._rows(old, "old_values"), self._rows(new, "new_values")
@@ -426,7 +334,7 @@ class Variable(tf.Module):
                 tf.boolean_mask(keys, existed), tf.boolean_mask(new - old, existed), False
             )
 
-    @_exclusive
+    @holding_lock
     def write_back(
         self, keys: tf.Tensor, old: tf.Tensor, new: tf.Tensor, existed: tf.Tensor
     ) -> Any:
@@ -450,7 +358,7 @@ class Variable(tf.Module):
         absent = tf.logical_not(present)
         return self.upsert(tf.boolean_mask(keys, absent), tf.boolean_mask(rows, absent))
 
-    @_exclusive
+    @holding_lock
     def remove(self, keys: Any) -> Any:
         """Remove ``keys`` from the values and from every companion; missing keys are ignored."""
         ops: list[Any] = []
@@ -480,7 +388,7 @@ class Variable(tf.Module):
         for variable in (self, *self._companions.values()):
             reserve_shards(variable, count)
 
-    @_exclusive
+    @holding_lock
     def size(self, index: int | None = None, name: str | None = None) -> tf.Tensor:
         """Number of keys over all shards, or in shard ``index`` (int64 scalar)."""
         del name
@@ -498,7 +406,7 @@ class Variable(tf.Module):
                 sizes.append(tf.cast(shard.size(), tf.int64))
         return tf.add_n(sizes)
 
-    @_exclusive
+    @holding_lock
     def clear(self) -> Any:
         """Remove every key from the values and from every companion."""
         ops: list[Any] = []
@@ -509,7 +417,7 @@ class Variable(tf.Module):
         object.__setattr__(self, "change_base", None)  # no history: the next save is full
         return grouped(ops)
 
-    @_exclusive
+    @holding_lock
     def export(self) -> tuple[tf.Tensor, tf.Tensor]:
         """Return ``(keys [n], values [n, dim])`` over all shards."""
         keys, values = [], []
@@ -535,7 +443,7 @@ class Variable(tf.Module):
         """Companion tables by column name (``"adam_m"``, ``"timestamp"``, ...)."""
         return dict(self._companions)
 
-    @_exclusive
+    @holding_lock
     def companion(
         self, column: str, dim: int, value_dtype: tf.DType, initializer: Any = None
     ) -> Variable:
@@ -586,7 +494,7 @@ class Variable(tf.Module):
     def _tracks_changes(self) -> bool:
         return all(table.track_changes for table in self._shards)
 
-    @_exclusive
+    @holding_lock
     def next_change_epoch(self) -> int:
         """Take a snapshot mark: return the current change epoch (the newest stamp of every
         row written so far) and move every table of the variable to the next one, so that
@@ -602,7 +510,7 @@ class Variable(tf.Module):
             table.set_change_epoch(mark + 1)
         return mark
 
-    @_exclusive
+    @holding_lock
     def restrict(self, num_reserved: int, trigger: int | None = None) -> None:
         """Keep the ``num_reserved`` keys the restrict policy ranks first when the size
         exceeds ``trigger`` (default ``num_reserved``); see ``de_store.restrict``."""
@@ -667,20 +575,9 @@ def get_variable(
     the Variable out of checkpoints, ``restrict_policy`` is a policy class instantiated with
     the Variable, and ``bp_v2`` makes optimizers add deltas instead of writing values.
     """
-    scope = tf.compat.v1.get_variable_scope()
-    full_name = f"{scope.name}/{name}" if scope.name and not short_file_name else name
-    with tf.init_scope():
-        graph = tf.compat.v1.get_default_graph()
-        eager = tf.executing_eagerly()
-    variables = _REGISTRY.setdefault(graph, weakref.WeakValueDictionary())
-    existing = variables.get(full_name)
+    full_name = scoped_name(name, short_file_name)
+    existing: Variable | None = existing_variable(full_name, key_dtype, value_dtype, dim)
     if existing is not None:
-        if scope.reuse is False and not eager:
-            raise ValueError(
-                f"Variable {full_name} already exists, disallowed. Did you mean to set "
-                "reuse=True or reuse=tf.AUTO_REUSE in VarScope?"
-            )
-        _check_same(existing, tf.as_dtype(key_dtype), tf.as_dtype(value_dtype), dim)
         return existing
     with tf.init_scope():
         created = Variable(
@@ -688,15 +585,5 @@ def get_variable(
             initializer, trainable, checkpoint, init_size, kv_creator, restrict_policy, bp_v2,
             short_file_name,
         )  # fmt: skip
-    variables[full_name] = created
+    register(full_name, created)
     return created
-
-
-def _check_same(existing: Variable, key_dtype: tf.DType, value_dtype: tf.DType, dim: int) -> None:
-    asked = (key_dtype.name, value_dtype.name, dim)
-    held = (existing.key_dtype.name, existing.value_dtype.name, existing.dim)
-    if asked != held:
-        raise VariableError(
-            f"variable '{existing.name}' exists with (key_dtype, value_dtype, dim) = {held}; "
-            f"get_variable asked for {asked}"
-        )
