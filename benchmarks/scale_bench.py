@@ -105,13 +105,13 @@ def _restore_rank(url: str, size: int, rank: int, dim: int, options: dict) -> di
     from de_store.checkpoint.commit import read_manifest
     from de_store.checkpoint.topology import Topology
     from de_store.progress import progress_for
-    from de_store.saver import core
+    from de_store.saver import core, restore_read
 
     backend, name = open_location(url, options)
     _, manifest = read_manifest(backend, name)
     entry = manifest.variables["emb"]
     with progress_for(entry.rows, "restore", quiet=True, unit="rows") as bar:
-        rows, _ = core._read_link(
+        rows, _ = restore_read.read_link(
             backend.sub(name), entry, Topology(size, rank), core.IOOptions(), bar
         )
     return {

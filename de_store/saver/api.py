@@ -20,6 +20,7 @@ from de_store.checkpoint.manifest import Manifest
 from de_store.checkpoint.request import check_save_request
 from de_store.saver import at_exit, core, incremental
 from de_store.saver.filesystem_saver import FileSystemSaver
+from de_store.saver.restore_flow import restore_checkpoint
 
 logger = logging.getLogger(__name__)
 _EXECUTOR_LOCK = threading.Lock()
@@ -171,4 +172,4 @@ def restore(
     saver = _saver_for(saver, saver_options)
     backend, name = open_location(url, saver.storage_options)
     with commit.removed_while_read(backend, name):
-        return core.restore_checkpoint(variables, backend, name, saver.topology, saver.options)
+        return restore_checkpoint(variables, backend, name, saver.topology, saver.options)

@@ -1,15 +1,10 @@
-"""The save and restore flows, one screen each.
+"""The save flow, one screen.
 
 Save (every rank):  rows (all, or a delta + tombstones) -> bucketed shard files (format)
                     -> backend -> rank manifest (+ parent) -> barrier
                     -> rank 0: merge manifests -> commit;  others: wait for commit.
-Restore (any rank): committed manifest -> its chain (full + deltas) -> parts that can hold
-                    this rank's keys -> rows (checksums verified) of every link
-                    -> only then replace the tables' content and apply the deltas in order
-                    (an empty variable that one process restores loads its full link's
-                    rows as they are read, its deltas read first, and is emptied again on
-                    any failure: :mod:`de_store.saver.streamed`; a variable on parameter
-                    servers has them read and load its rows: :mod:`de_store.saver.device_restore`).
+
+A restore (plan, read, load) is :mod:`de_store.saver.restore_flow`.
 """
 
 from __future__ import annotations
@@ -21,14 +16,13 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from de_store.backends import Backend, Location
 from de_store.checkpoint import events, names
 from de_store.checkpoint.barrier import Barrier, StorageBarrier, job_poll_max_s
-from de_store.checkpoint.chain import chain_links, parent_reference
-from de_store.checkpoint.checks import Problem, check_link, has_repeated_key, repeated_key
+from de_store.checkpoint.chain import parent_reference
 from de_store.checkpoint.commit import (
     CommitStrategy,
     commit_strategy,
@@ -40,7 +34,6 @@ from de_store.checkpoint.manifest import (
     RankManifest,
     ShardRecord,
     TFCheckpointRef,
-    VariableEntry,
     merge_rank_manifests,
     rank_manifest_from_json,
     to_json,
@@ -50,26 +43,16 @@ from de_store.checkpoint.retry import RetryPolicy, is_transient
 from de_store.checkpoint.topology import Topology
 from de_store.errors import (
     BarrierTimeoutError,
-    CheckpointCorruptError,
     CheckpointError,
-    RepeatedKeysError,
     SaveInterruptedError,
 )
 from de_store.formats import FORMATS
 from de_store.progress import Progress, progress_for
-from de_store.saver import device_load, device_restore, incremental, shards
+from de_store.saver import incremental, shards
 from de_store.saver.rows import (
-    RestoredVariable,
     SavedVariable,
-    ShardRows,
     VariableRows,
-    apply_delta,
-    apply_rows,
-    check_compatible,
-    grow_for_restore,
-    restore_shares,
 )
-from de_store.saver.streamed import load_while_reading, streams
 
 #: Launch variables naming the job, tried in order when no ``job_id`` is given.
 JOB_ID_VARIABLES = (
@@ -489,290 +472,3 @@ def _poll(check: Any, failed: Any) -> Any:
         if not is_transient(err):
             raise
         return failed
-
-
-# --- restore ----------------------------------------------------------------------------
-#: One link of a variable's chain: its folder, manifest and entry.
-Link = tuple[str, Manifest, VariableEntry]
-#: Rows read from one shard file, with the file's path (to name it in errors).
-FileRows = tuple[str, ShardRows]
-
-
-def restore_checkpoint(
-    variables: Sequence[RestoredVariable],
-    backend: Backend,
-    name: str,
-    topology: Topology,
-    options: IOOptions,
-    check_manifest: Callable[[Manifest], None] | None = None,
-) -> Manifest:
-    """Restore each variable's keys that belong to this rank; all or nothing.
-
-    An incremental checkpoint restores its chain: every link's rows are read first, then
-    the full link replaces the tables' content and each delta applies in order. Afterwards
-    each variable's next incremental save is a delta on this checkpoint.
-
-    Every link is checked as ``de-store verify`` checks it (:mod:`de_store.checkpoint.checks`):
-    its manifest's numbers and its files' sizes before any read, its rows as they are
-    read, and no key held twice before any variable that holds rows is emptied. A refused
-    restore leaves every variable as it was.
-
-    A variable that holds nothing, restored by one process, loads its full link's rows
-    while they are read (:mod:`de_store.saver.streamed`), its chain's deltas read and
-    checked before and applied after; when the streaming fails it is emptied and its
-    chain is read whole, with retries, like the others'. When the restore fails, every
-    variable loaded that way is emptied again: as it was.
-
-    ``check_manifest`` is called with the manifest before anything else is read (the TF
-    hook checks there that it is bound to the TF checkpoint being restored).
-
-    Raises
-    ------
-    CheckpointCorruptError
-        A check failed; the message names the file.
-    """
-    start = time.perf_counter()
-    folder, manifest = options.retry.call(lambda: read_manifest(backend, name))
-    if check_manifest is not None:
-        check_manifest(manifest)
-    where = f"{backend.url.rstrip('/')}/{name}"
-    chains = [_chain_of(backend, name, folder, manifest, v.name, options) for v in variables]
-    urls = [[f"{backend.url.rstrip('/')}/{link}" for link, *_ in chain] for chain in chains]
-    for variable, chain, chain_urls in zip(variables, chains, urls, strict=True):
-        for (link, link_manifest, entry), url in zip(chain, chain_urls, strict=True):
-            # nothing is sized, compared or looped over from a number not checked first
-            check_link(backend, link, link_manifest.proc_size, entry, where)
-            check_compatible(variable, entry, url)
-    total = sum(entry.rows + entry.removed_rows for chain in chains for *_, entry in chain)
-    # None: read by this process; else read by the tasks of its tables (parameter servers)
-    plans = [device_restore.plan_for(v, c, backend, topology.proc_size)
-             for v, c in zip(variables, chains, strict=True)]  # fmt: skip
-    # Empty variables grow for their rows while the shards are read (rows.grow_for_restore)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="de_store-grow") as pool:
-        parts = [_parts_to_read(chain, topology) for chain in chains]
-        counts = [sum(rows for *_, rows in p) for p in parts]
-        shares = [restore_shares(v, p) for v, p in zip(variables, parts, strict=True)]
-        # before the growing starts: it makes the tables of an empty variable hold room
-        stream = [p is None and streams(v, c, topology.proc_size)
-                  for v, c, p in zip(variables, chains, plans, strict=True)]  # fmt: skip
-        growing = [
-            pool.submit(grow_for_restore, v, n, s)
-            for v, n, s in zip(variables, counts, shares, strict=True)
-        ]
-        streamed: list[RestoredVariable] = []
-        try:
-            with progress_for(total, "restore", quiet=not options.progress, unit="rows") as bar:
-                held = [p if p is None else device_restore.read_on_devices(p, bar) for p in plans]
-                # a streamed chain's deltas are read (and checked) before its full link
-                loaded = [
-                    _read_chain(backend, c[1:] if s else c, topology, options, bar)
-                    if p is None else []  # read on the tasks above
-                    for c, s, p in zip(chains, stream, plans, strict=True)
-                ]  # fmt: skip
-                for i, variable in enumerate(variables):
-                    if not stream[i]:
-                        continue
-                    _check_deltas(variable, urls[i][1:], loaded[i])
-                    at, _, entry = chains[i][0]
-                    full = sum(rows for *_, rows in _parts_to_read(chains[i][:1], topology))
-                    if load_while_reading(variable, backend.sub(at), entry, full, shares[i],
-                                          ready=growing[i].result,
-                                          buffer_size=options.buffer_size, bar=bar):  # fmt: skip
-                        streamed.append(variable)
-                    else:  # read it whole: retried, or its damage reported
-                        stream[i] = False
-                        loaded[i] = _read_chain(backend, chains[i], topology, options, bar)
-            for grown in growing:
-                grown.result()
-            # what a load would find, found before any variable that holds rows is emptied
-            for variable, chain_urls, links, s, h in zip(variables, urls, loaded, stream, held,
-                                                         strict=True):  # fmt: skip
-                if h is not None:
-                    device_load.check_repeats(variable, h, chain_urls[0])
-                elif not s:
-                    _check_chain_rows(variable, chain_urls, links)
-            for variable, chain, links, s in zip(variables, chains, loaded, stream, strict=True):
-                if s:  # its deltas, on the full link loaded while it was read
-                    with variable.exclusive():
-                        _apply_deltas(variable, [entry for *_, entry in chain[1:]], links)
-        except BaseException:
-            for variable in streamed:  # they held nothing: all or nothing
-                variable.clear()
-            raise
-    for variable, chain, folders, links, share, s, h in zip(
-        variables, chains, urls, loaded, shares, stream, held, strict=True
-    ):
-        entries = [entry for *_, entry in chain]
-        if h is not None:
-            device_load.load_on_devices(variable, h, folders[0])
-        elif not s:
-            _apply_chain(variable, entries, links, folders, share)
-        incremental.record_restore(variable, where, manifest, entries)
-    rows = sum(r.rows for links in loaded for link_rows, _ in links for _, r in link_rows)
-    rows += sum(n for n, s in zip(counts, stream, strict=True) if s)
-    rows += sum(h.rows for h in held if h is not None)
-    size = sum(entry.bytes for chain in chains for *_, entry in chain)
-    events.restored(where, topology, rows, max(map(len, chains), default=0), size, start)
-    return manifest
-
-
-def _parts_to_read(chain: list[Link], topology: Topology) -> list[tuple[int, int, int]]:
-    """``(num_buckets, bucket, rows)`` of every part this rank reads of a chain's rows."""
-    return [
-        part
-        for *_, entry in chain
-        for record in entry.shards
-        for part in shards.bucket_rows(record, topology.proc_rank, topology.proc_size)
-    ]
-
-
-def _chain_of(
-    backend: Backend,
-    name: str,
-    folder: str,
-    manifest: Manifest,
-    variable_name: str,
-    options: IOOptions,
-) -> list[Link]:
-    entry = manifest.variable(variable_name, f"{backend.url.rstrip('/')}/{name}")
-    if not entry.incremental:
-        return [(folder, manifest, entry)]
-    return chain_links(backend, name, variable_name, options.retry)
-
-
-def _apply_chain(
-    variable: RestoredVariable,
-    entries: list[VariableEntry],
-    links: list[tuple[list[FileRows], list[FileRows]]],
-    folders: list[str],
-    shares: Sequence[int],
-) -> None:
-    """The full link replaces the content; each delta removes its keys, upserts its rows.
-    Each table shard is grown first for its entry of ``shares``, the rows it receives.
-
-    The rows were checked by :func:`_check_chain_rows`; a key the table still finds
-    repeated (which that check rules out) empties the variable, named in the error.
-    """
-    first = [rows for _, rows in links[0][0]]
-    # Eager calls from other threads (a training loop) wait: the size check below and the
-    # chain see this restore's rows only, and the restore is one step to them.
-    with variable.exclusive():
-        try:
-            apply_rows(variable, entries[0].columns, first, shares)
-            repeated = int(variable.size()) != sum(batch.rows for batch in first)
-        except RepeatedKeysError:
-            repeated = True
-        if repeated:
-            variable.clear()
-            found = repeated_key((path, r.keys) for path, r in links[0][0])
-            _refuse_repeated(variable, folders[0], found, " (the variable was emptied)")
-        _apply_deltas(variable, entries[1:], links[1:])
-
-
-def _check_chain_rows(
-    variable: SavedVariable,
-    folders: list[str],
-    links: list[tuple[list[FileRows], list[FileRows]]],
-) -> None:
-    """Refuse a chain (links in checkpoints ``folders``) whose full link or a delta holds a
-    key twice, before anything is applied, naming the key and the files that hold it."""
-    rows = links[0][0]
-    if has_repeated_key([r.keys for _, r in rows]):
-        _refuse_repeated(variable, folders[0], repeated_key((path, r.keys) for path, r in rows))
-    _check_deltas(variable, folders[1:], links[1:])
-
-
-def _check_deltas(
-    variable: SavedVariable,
-    folders: list[str],
-    deltas: list[tuple[list[FileRows], list[FileRows]]],
-) -> None:
-    """Refuse a chain whose delta (in checkpoint ``folders[i]``) holds a key twice, before
-    anything is applied: a sort of its rows (deltas are upserted, which finds no repeat)."""
-    for folder, (rows, _) in zip(folders, deltas, strict=True):
-        if (found := repeated_key((path, r.keys) for path, r in rows)) is not None:
-            _refuse_repeated(variable, folder, found)
-
-
-def _apply_deltas(
-    variable: RestoredVariable,
-    entries: list[VariableEntry],
-    deltas: list[tuple[list[FileRows], list[FileRows]]],
-) -> None:
-    """Each delta in order: its removed keys dropped, its rows upserted."""
-    for entry, (rows, removed) in zip(entries, deltas, strict=True):
-        apply_delta(variable, entry.columns, [r for _, r in rows], [r for _, r in removed])
-
-
-def _refuse_repeated(
-    variable: SavedVariable, folder: str, found: Problem | None, emptied: str = ""
-) -> None:
-    """Raise :class:`CheckpointCorruptError` for the repeated key ``found`` in the
-    checkpoint ``folder`` (None: the table found a repeat that the rows do not show)."""
-    detail = f"{folder}/{found.path}: {found.message}" if found else "a key is repeated"
-    raise CheckpointCorruptError(
-        f"variable {variable.name!r}: checkpoint {folder} is damaged: {detail}{emptied}"
-    )
-
-
-def _read_chain(
-    backend: Backend, chain: list[Link], topology: Topology, options: IOOptions, bar: Progress
-) -> list[tuple[list[FileRows], list[FileRows]]]:
-    """This rank's rows and removed keys of every link of a chain, in order."""
-    return [_read_link(backend.sub(at), entry, topology, options, bar) for at, _, entry in chain]
-
-
-def _read_link(
-    folder: Backend,
-    entry: VariableEntry,
-    topology: Topology,
-    options: IOOptions,
-    bar: Progress,
-) -> tuple[list[FileRows], list[FileRows]]:
-    """This rank's rows and removed keys (tombstones) of one link."""
-    rows = _read_records(folder, entry.shards, entry.key_dtype, topology, options, bar)
-    removed = _read_records(folder, entry.removed, entry.key_dtype, topology, options, bar)
-    return rows, removed
-
-
-def _read_records(
-    folder: Backend,
-    records: list[ShardRecord],
-    key_dtype: str,
-    topology: Topology,
-    options: IOOptions,
-    bar: Progress,
-) -> list[FileRows]:
-    out = []
-    for record in records:
-        parts = shards.parts_for_rank(record, topology.proc_rank, topology.proc_size)
-        if not parts:
-            bar.update(record.rows)
-            continue
-        read = functools.partial(_read_parts, folder, record, parts, key_dtype, topology,
-                                 options)  # fmt: skip
-        out += [(record.path, rows) for rows in options.retry.call(read)]
-        bar.update(record.rows)  # shards done, of all the checkpoint's
-    return out
-
-
-def _read_parts(
-    folder: Backend,
-    record: ShardRecord,
-    parts: list[int],
-    key_dtype: str,
-    topology: Topology,
-    options: IOOptions,
-) -> list[ShardRows]:
-    """This rank's rows of one shard's parts, read whole and checked: the retried step of
-    a restore."""
-    rows = shards.read_shard_rows(
-        folder,
-        record,
-        parts,
-        buffer_size=options.buffer_size,
-        key_dtype=key_dtype,
-        proc_rank=topology.proc_rank,
-        proc_size=topology.proc_size,
-    )
-    return list(rows)

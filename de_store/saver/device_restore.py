@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from de_store.backends import Location
 from de_store.checkpoint import names
 from de_store.checkpoint._tf_bundle import TensorEntry, data_path, index_bytes, index_path
 from de_store.checkpoint.manifest import ShardRecord, VariableEntry
@@ -182,7 +183,7 @@ def _through_this_process(
 ) -> str | None:  # fmt: skip
     """Why the tasks of ``variable`` cannot read ``chain`` themselves (None: they can)."""
     folder, _, entry = chain[0]
-    where = f"{backend.url.rstrip('/')}/{folder}"
+    where = Location(backend, folder).url
     local = backend.local_path(folder)
     if io_device() is not None:
         return f"experimental_io_device {io_device()!r} is set"

@@ -6,13 +6,14 @@ damaged checkpoint leaves the variable as it was. For a variable that holds noth
 they arrive, and a failure empties it again. The reading then overlaps the loading, and
 the read buffers are reused instead of the whole shard being held in new memory at once.
 
-This path is taken where the rows read are exactly the rows loaded: one process
-(``proc_size == 1``), a variable whose tables and companions are all empty. It streams a
-checkpoint's full link; the deltas of a chain are read and checked before it, and apply
-after it (``core.restore_checkpoint``). Anything that goes wrong while streaming (a damaged part,
-a storage error, a key held twice) empties the variable and hands the link back to the
-restore's read-everything-first path, which retries, loads, or reports the damage as
-it always does.
+A restore's plan takes this path where the rows read are exactly the rows loaded: one
+process (``proc_size == 1``), a variable whose tables and companions are all empty
+(:mod:`de_store.saver.restore_plan`). It streams a checkpoint's full link; the deltas of
+a chain are read and checked before it, and apply after it. Anything that goes wrong
+while streaming (a damaged part, a storage error, a key held twice) empties the variable
+and hands the link back to the restore's read-everything-first path
+(:mod:`de_store.saver.restore_read`), which retries, loads, or reports the damage as it
+always does.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from de_store.checkpoint.manifest import VariableEntry
 from de_store.formats._shard import map_ahead
 from de_store.progress import Progress
 from de_store.saver import shards
-from de_store.saver.rows import ByShard, apply_rows, holds_keys, routes_by_hash, shard_batches
+from de_store.saver.rows import ByShard, apply_rows, routes_by_hash, shard_batches
 from de_store.saver.variable_rows import ShardRows
 
 T = TypeVar("T")
@@ -37,12 +38,6 @@ READ_AHEAD_BYTES = 256 << 20
 def rows_bytes(rows: ShardRows) -> int:
     """Bytes of the arrays of ``rows`` (object arrays count their pointers)."""
     return rows.keys.nbytes + sum(column.nbytes for column in rows.columns.values())
-
-
-def streams(variable: Any, chain: list[Any], proc_size: int) -> bool:
-    """Whether ``variable``'s rows of ``chain`` (links ``(folder, manifest, entry)``)
-    can be loaded while they are read: see the module's docstring."""
-    return proc_size == 1 and not chain[0][2].removed and not holds_keys(variable)
 
 
 def load_while_reading(

@@ -35,6 +35,7 @@ from de_store.checkpoint import binding, commit, gc
 from de_store.checkpoint.request import check_save_request
 from de_store.saver import at_exit, core, incremental, tf_compat
 from de_store.saver.filesystem_saver import FileSystemSaver
+from de_store.saver.restore_flow import restore_checkpoint
 from de_store.saver.rows import VariableRows, io_device_scope
 
 PACKAGE, NAME = "de_store", "DynamicEmbedding"
@@ -260,7 +261,7 @@ def _restore_eagerly(trackables: Mapping[str, Any], prefix: str) -> None:
                                    checkpoint_id=checkpoint_id)
         )  # fmt: skip
         with commit.removed_while_read(backend, folder, gone=_gone(prefix), hint=_REMOVED_HINT):
-            core.restore_checkpoint(
+            restore_checkpoint(
                 variables, backend, folder, saver.topology, saver.options, check_manifest=check
             )
 

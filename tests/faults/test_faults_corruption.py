@@ -18,7 +18,8 @@ from faults_helpers import content, make_variable
 from de_store.checkpoint.manifest import ColumnSpec
 from de_store.checkpoint.topology import Topology
 from de_store.errors import DeStoreError
-from de_store.saver.core import IOOptions, restore_checkpoint, save_checkpoint
+from de_store.saver.core import IOOptions, save_checkpoint
+from de_store.saver.restore_flow import restore_checkpoint
 from de_store.saver.rows import ShardRows, VariableRows
 from de_store.testing import StorageLocation
 

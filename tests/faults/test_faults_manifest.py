@@ -27,7 +27,8 @@ from de_store.checkpoint.topology import Topology
 from de_store.checkpoint.verify import verify_checkpoint
 from de_store.cli import main
 from de_store.errors import CheckpointCorruptError
-from de_store.saver.core import IOOptions, restore_checkpoint, save_checkpoint
+from de_store.saver.core import IOOptions, save_checkpoint
+from de_store.saver.restore_flow import restore_checkpoint
 from de_store.saver.rows import ShardRows, VariableRows
 
 SINGLE = Topology(1, 0)

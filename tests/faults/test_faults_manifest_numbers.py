@@ -19,7 +19,8 @@ from de_store.backends import Backend, open_backend
 from de_store.checkpoint.manifest import ColumnSpec
 from de_store.checkpoint.verify import verify_checkpoint
 from de_store.errors import CheckpointCorruptError
-from de_store.saver.core import IOOptions, restore_checkpoint, save_checkpoint
+from de_store.saver.core import IOOptions, save_checkpoint
+from de_store.saver.restore_flow import restore_checkpoint
 from de_store.saver.rows import ShardRows, VariableRows
 
 SHARD = ("variables", "emb", "shards", 0)

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 import de_store as ds
 from de_store.errors import CheckpointNotFoundError, StorageNotFoundError
-from de_store.saver import core
+from de_store.saver import restore_plan
 from de_store.testing import StorageLocation
 
 WORKER = str(Path(__file__).with_name("readers_worker.py"))
@@ -153,14 +153,14 @@ def saved_checkpoint(tmp_path: Path) -> str:
 
 def remove_after_manifest(monkeypatch: pytest.MonkeyPatch, remove: Callable[[], None]) -> None:
     """Run ``remove`` once the restore has read the manifest, before it reads a shard."""
-    read_manifest = core.read_manifest
+    read_manifest = restore_plan.read_manifest
 
     def read_then_remove(*args: Any) -> Any:
         found = read_manifest(*args)
         remove()
         return found
 
-    monkeypatch.setattr(core, "read_manifest", read_then_remove)
+    monkeypatch.setattr(restore_plan, "read_manifest", read_then_remove)
 
 
 def remove_all(prefix: str) -> None:

@@ -19,7 +19,8 @@ from de_store.checkpoint.commit import committed_folder
 from de_store.checkpoint.retry import RetryPolicy
 from de_store.checkpoint.topology import Topology
 from de_store.errors import DeStoreError
-from de_store.saver.core import IOOptions, restore_checkpoint, save_checkpoint
+from de_store.saver.core import IOOptions, save_checkpoint
+from de_store.saver.restore_flow import restore_checkpoint
 from de_store.testing import StorageLocation
 from de_store.testing.faults import FaultPlan, FaultyFileSystem
 

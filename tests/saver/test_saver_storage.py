@@ -14,7 +14,7 @@ from saver_helpers import companion_content, content, fill, make_variable
 import de_store as ds
 from de_store.backends import open_location
 from de_store.checkpoint.topology import Topology
-from de_store.saver import core
+from de_store.saver import core, restore_flow
 from de_store.testing import StorageLocation
 
 
@@ -82,7 +82,7 @@ def test_each_rank_reads_only_its_share(tmp_path, ranks: int) -> None:
         backend, name = open_location(url, None)
         target = make_variable("emb", None, dim=8)
         backend.stats.reset()
-        manifest = core.restore_checkpoint(
+        manifest = restore_flow.restore_checkpoint(
             [target], backend, name, Topology(ranks, rank), core.IOOptions()
         )
         data_read = backend.stats.bytes_read

@@ -19,7 +19,7 @@ from saver_helpers import companion_content, content, fill, make_variable
 import de_store as ds
 from de_store.backends import open_location
 from de_store.checkpoint.topology import Topology
-from de_store.saver import core
+from de_store.saver import core, restore_flow
 
 
 def _records(folder: Path) -> list[dict]:
@@ -109,7 +109,7 @@ def test_each_rank_restores_exactly_its_keys_reading_every_part(tmp_path: Path, 
         backend, name = open_location(url, None)
         target = make_variable("emb", None)
         backend.stats.reset()
-        manifest = core.restore_checkpoint(
+        manifest = restore_flow.restore_checkpoint(
             [target], backend, name, Topology(ranks, rank), core.IOOptions()
         )
         assert {r.num_buckets for r in manifest.variables["emb"].shards} == {1}
