@@ -54,17 +54,14 @@ class ReadRows:
     links: each link's rows read through this process: none when its tables' tasks read
         them, the deltas only when its full link was loaded while it was read.
     held: the rows its tables' tasks read and hold, or None.
-    loaded: rows loaded while they were read (its full link streamed), else 0.
+    streamed: its full link was loaded while it was read (only its deltas are to apply).
+    loaded: the rows of its chain then (what the log line counts for it), else 0.
     """
 
     links: list[LinkRows]
     held: DeviceRows | None
+    streamed: bool = False
     loaded: int = 0
-
-    @property
-    def streamed(self) -> bool:
-        """Whether the full link is loaded already (only its deltas are to apply)."""
-        return bool(self.loaded)
 
     @property
     def rows(self) -> int:
@@ -125,7 +122,7 @@ def _stream(
     if load_while_reading(variable.variable, plan.where.backend.sub(at), entry,
                           variable.full_rows, variable.shares, ready=ready,
                           buffer_size=plan.options.buffer_size, bar=bar):  # fmt: skip
-        rows.loaded = variable.rows
+        rows.streamed, rows.loaded = True, variable.rows
         return True
     rows.links = _read_chain(plan, variable.chain, bar)
     return False
