@@ -30,7 +30,8 @@ from de_store.embedding import BatchRows, embedding_lookup, trainable_wrapper
 from de_store.errors import FormatError
 from de_store.keras import _weights
 from de_store.partition import Partitioner, default_partition_fn
-from de_store.variable import HashTableCreator, get_variable
+from de_store.table_creators import HashTableCreator
+from de_store.variable import get_variable
 
 _COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -81,18 +82,13 @@ class Embedding(keras.layers.Layer):
         **kwargs: Any,
     ) -> None:
         del keep_distribution, distribute_strategy  # TFRA's; no meaning in one process
-        if combiner not in _COMBINERS:
-            raise ValueError(
-                f"layer {name!r}: combiner must be one of {', '.join(_COMBINERS)}, got {combiner!r}"
-            )
+        _check_combiner(name, combiner)
         kwargs.pop("dtype", None)
         super().__init__(name=name, **kwargs)
         self.supports_jit = False  # hash table ops do not compile with XLA
         self.embedding_size = int(embedding_size)
         self.combiner, self.with_unique, self.max_norm = combiner, with_unique, max_norm
-        self.initializer = (
-            keras.initializers.RandomNormal() if initializer is None else _initializer(initializer)
-        )
+        self.initializer = _initializer(initializer)
         self._arguments = {
             "key_dtype": tf.as_dtype(key_dtype).name,
             "value_dtype": tf.as_dtype(value_dtype).name,
@@ -119,10 +115,14 @@ class Embedding(keras.layers.Layer):
             bp_v2=bp_v2,
             short_file_name=short_file_name,
         )
+        self._track_batch_rows()
+
+    def _track_batch_rows(self) -> None:
+        """Wrap the table for training and track what a call writes: the batch's rows, ids
+        and flags. Tracked, a SavedModel of a model that calls the layer keeps them (it
+        refuses functions using untracked ones)."""
         self._wrapper = trainable_wrapper(self.params, self.name)
         self._wrapper.regularizer = None  # Keras reads it on every weight
-        # A call writes the batch's rows, ids and flags: tracked here, a SavedModel of a
-        # model that calls the layer keeps them (it refuses functions using untracked ones)
         self._batch = [self._wrapper]  # tables on parameter servers: BatchRows, only read
         if not isinstance(self._wrapper, BatchRows):
             self._batch += [self._wrapper.ids, self._wrapper.existed]
@@ -295,9 +295,19 @@ def _pool(rows: tf.Tensor, axes: list[int], combiner: str) -> tf.Tensor:
     return tf.reduce_sum(rows, axes) / tf.sqrt(count)
 
 
+def _check_combiner(layer: str, combiner: str) -> None:
+    if combiner not in _COMBINERS:
+        raise ValueError(
+            f"layer {layer!r}: combiner must be one of {', '.join(_COMBINERS)}, got {combiner!r}"
+        )
+
+
 def _initializer(initializer: Any) -> Any:
     """A Keras initializer (serialisable in a model's config) for what TFRA's layer takes:
-    a Keras or TensorFlow initializer, a number, or a ``[dim]`` row."""
+    None (TFRA's default, ``RandomNormal()``), a Keras or TensorFlow initializer, a number,
+    or a ``[dim]`` row."""
+    if initializer is None:
+        return keras.initializers.RandomNormal()
     if isinstance(initializer, keras.initializers.Initializer):
         return initializer
     if isinstance(initializer, (int, float)):
