@@ -13,7 +13,7 @@ Usage::
   that ``tf.gather`` has put in copy-on-read mode, and of the same assignment after
   ``DisableCopyOnRead`` (``de_store.tables._variables.replace``).
 - ``gather_rows``: ``np.take(values, order, axis=0)`` against ``values[order]`` for a
-  random order of the N rows (``de_store.saver.variable_rows.ShardRows.take``).
+  random order of the N rows (``de_store.checkpoint.variable_rows.ShardRows.take``).
 - ``bucket_order``: the bucket of N keys by ``de_store.checkpoint.buckets.int_floormod``
   and by ``np.mod``; the stable order of N bucket ids below 720 and below 5040 by Arrow's
   ``array_sort_indices`` (a counting sort up to 4096 values, comparisons above) and by

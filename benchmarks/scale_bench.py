@@ -66,8 +66,8 @@ def _save_rank(url: str, size: int, rank: int, keys: int, dim: int, options: dic
     from de_store.backends import open_location
     from de_store.checkpoint.manifest import ColumnSpec
     from de_store.checkpoint.topology import Topology
+    from de_store.checkpoint.variable_rows import ShardRows, VariableRows
     from de_store.saver import core
-    from de_store.saver.variable_rows import ShardRows, VariableRows
 
     timings: dict[str, Any] = {}
     merge, merge_and_commit = core.merge_rank_manifests, core._merge_and_commit

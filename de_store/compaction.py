@@ -19,17 +19,17 @@ import numpy as np
 
 from de_store import _rewrite
 from de_store.backends import Backend, Location, open_location
+from de_store.checkpoint import shards
 from de_store.checkpoint.buckets import bucket_order, choose_num_buckets, key_hash_mod
 from de_store.checkpoint.chain import chain_links
 from de_store.checkpoint.checks import check_link
 from de_store.checkpoint.commit import read_manifest
 from de_store.checkpoint.manifest import ColumnSpec, Manifest, ShardRecord, VariableEntry
 from de_store.checkpoint.retry import RetryPolicy
+from de_store.checkpoint.variable_rows import ShardRows, VariableRows
 from de_store.errors import CheckpointError
 from de_store.formats.binary import numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
-from de_store.saver import shards
-from de_store.saver.variable_rows import ShardRows, VariableRows
 
 #: About how many rows of a variable :func:`compact` merges at a time.
 GROUP_ROWS = 1 << 20

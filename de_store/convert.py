@@ -32,18 +32,18 @@ from de_store._rewrite import (
     select,
 )
 from de_store.backends import Backend, Location, open_backend, open_location
+from de_store.checkpoint import shards
 from de_store.checkpoint._tf_bundle import INDEX_SUFFIX, read_index
 from de_store.checkpoint.checks import check_link
 from de_store.checkpoint.commit import read_manifest
 from de_store.checkpoint.manifest import ColumnSpec, ShardRecord, VariableEntry
+from de_store.checkpoint.variable_rows import ShardRows, VariableRows
 from de_store.compaction import chain_source, compact, flattened_source
 from de_store.errors import CheckpointError, CheckpointNotFoundError, FormatError
 from de_store.formats import FORMATS, batch_to_numpy, tfra
 from de_store.formats.batches import batch_from_numpy
 from de_store.formats.binary import decode_pair, numpy_dtype
 from de_store.progress import NO_PROGRESS, Progress
-from de_store.saver import shards
-from de_store.saver.variable_rows import ShardRows, VariableRows
 
 #: Target names of ``de-store convert --to``.
 TARGETS = (*sorted(FORMATS), "tfra")

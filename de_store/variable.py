@@ -29,11 +29,11 @@ from de_store._variable_args import (
     tfra_order,
 )
 from de_store._variable_registry import existing_variable, register, scoped_name
+from de_store.checkpoint.variable_rows import ChangeBase
 from de_store.errors import VariableError
 from de_store.partition import Partitioner, default_partition_fn, split_by_shard, stitch_shards
 from de_store.saver import tf_hook  # registers the TF checkpoint saver of Variables
 from de_store.saver.rows import reserve_shards
-from de_store.saver.variable_rows import ChangeBase
 from de_store.table_creators import CuckooHashTableCreator as CuckooHashTableCreator
 from de_store.table_creators import HashTableCreator
 

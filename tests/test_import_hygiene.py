@@ -165,7 +165,7 @@ def test_the_rewriting_and_row_modules_are_in_no_import_circle() -> None:
         "de_store.convert",
         "de_store.saver.incremental",
         "de_store.saver.rows",
-        "de_store.saver.variable_rows",
+        "de_store.checkpoint.variable_rows",
     }
     assert [loop for loop in circles() if loop & mine] == []
 

@@ -3,6 +3,8 @@ it is written, committed, found, checked and collected.
 
 - :mod:`.names`: every file and folder name a save writes, with its parser;
 - :mod:`.manifest`: the merged manifest and the rank manifests (JSON);
+- :mod:`.variable_rows`, :mod:`.shards`: a variable's rows as numpy columns, and their
+  shard files (bucketed by key hash, or in table order) written and read back;
 - :mod:`.commit`: commit records and manifests committed atomically (rename or marker);
 - :mod:`.barrier`, :mod:`.topology`, :mod:`.events`: the ranks of one save;
 - :mod:`.request`, :mod:`.destination`: a save request checked once, where it enters

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from de_store.backends import Backend, Location
-from de_store.checkpoint import events, names
+from de_store.checkpoint import events, names, shards
 from de_store.checkpoint.barrier import Barrier, StorageBarrier, job_poll_max_s
 from de_store.checkpoint.chain import parent_reference
 from de_store.checkpoint.commit import (
@@ -48,7 +48,7 @@ from de_store.errors import (
 )
 from de_store.formats import FORMATS
 from de_store.progress import Progress, progress_for
-from de_store.saver import incremental, shards
+from de_store.saver import device_shards, incremental
 from de_store.saver.rows import (
     SavedVariable,
     VariableRows,
@@ -353,7 +353,7 @@ def _write_shards(
     cancel: threading.Event | None = None,
 ) -> list[ShardRecord]:
     write = functools.partial(
-        shards.write_shard,
+        device_shards.write_shard,
         backend,
         rows,
         rank=topology.proc_rank,

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from de_store.checkpoint.checks import Problem
+from de_store.checkpoint.variable_rows import VALUE_COLUMN, even_sizes
 from de_store.errors import CheckpointCorruptError, RepeatedKeysError
 from de_store.saver._lazy_tf import tf
 from de_store.saver.device_restore import DeviceRows, HeldShard, each
@@ -26,7 +27,6 @@ from de_store.saver.rows import (
     load_rows,
     reserve_shards,
 )
-from de_store.saver.variable_rows import VALUE_COLUMN, even_sizes
 
 
 def check_repeats(variable: SavedVariable, rows: DeviceRows, url: str) -> None:

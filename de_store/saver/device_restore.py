@@ -53,6 +53,7 @@ from de_store.backends import Location
 from de_store.checkpoint import names
 from de_store.checkpoint._tf_bundle import TensorEntry, data_path, index_bytes, index_path
 from de_store.checkpoint.manifest import ShardRecord, VariableEntry
+from de_store.checkpoint.variable_rows import VALUE_COLUMN
 from de_store.errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -65,7 +66,6 @@ from de_store.formats.binary import column_layout
 from de_store.progress import Progress
 from de_store.saver._lazy_tf import tf
 from de_store.saver.rows import SavedVariable, io_device, routes_by_hash
-from de_store.saver.variable_rows import VALUE_COLUMN
 
 if TYPE_CHECKING:
     from de_store.backends.base import Backend

@@ -30,20 +30,45 @@ import numpy as np
 
 from de_store.backends.local import fsync_dir, fsync_file
 from de_store.backends.location import Location
+from de_store.checkpoint import names, shards
 from de_store.checkpoint._tf_bundle import data_path, index_path, read_index
+from de_store.checkpoint.buckets import choose_num_buckets
+from de_store.checkpoint.manifest import ShardRecord
 from de_store.checkpoint.names import bundle_prefix
+from de_store.checkpoint.variable_rows import VALUE_COLUMN, DeviceShardRows, VariableRows
 from de_store.errors import CheckpointError
 from de_store.formats._shard import shard_info
 from de_store.formats._stream import crc32c_combine
 from de_store.formats.base import ByteRange, FileInfo, PartInfo, SchemaInfo, ShardInfo
 from de_store.formats.binary import column_layout, column_paths, numpy_dtype
 from de_store.saver._lazy_tf import tf
-from de_store.saver.variable_rows import VALUE_COLUMN, DeviceShardRows
 
 if TYPE_CHECKING:
     from de_store.backends.base import Backend
 
 logger = logging.getLogger("de_store")
+
+
+def write_shard(
+    backend: Backend, rows: VariableRows, shard_index: int, *, rank: int, global_shard: int,
+    **options: Any,
+) -> ShardRecord:  # fmt: skip
+    """:func:`de_store.checkpoint.shards.write_shard`, with rows held on another task's
+    device written there when it can (always bucketed, as binary files)."""
+    held = rows.shards[shard_index]
+    if isinstance(held, DeviceShardRows):
+        stem = names.shard_stem(
+            rows.name, rank, shard_index, tombstone=options.get("tombstone", False)
+        )
+        if writes_on_device(backend, stem, held):
+            info = shards.schema_info(rows, global_shard)
+            num_buckets = choose_num_buckets(held.rows)
+            shard_info, part_buckets = write_on_device(backend, stem, held, info, num_buckets)
+            return ShardRecord(rank=rank, shard=global_shard, info=shards.plain_dict(shard_info),
+                               num_buckets=num_buckets, part_buckets=part_buckets)  # fmt: skip
+    return shards.write_shard(
+        backend, rows, shard_index, rank=rank, global_shard=global_shard, **options
+    )
 
 
 def writes_on_device(backend: Backend, path: str, rows: DeviceShardRows) -> bool:

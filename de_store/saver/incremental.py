@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from de_store.checkpoint.chain import parent_reference
 from de_store.checkpoint.manifest import Manifest, VariableEntry
+from de_store.checkpoint.variable_rows import ChangeBase, VariableRows
 from de_store.saver.rows import SavedVariable, column_specs, export_delta, export_rows
-from de_store.saver.variable_rows import ChangeBase, VariableRows
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,12 +20,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from de_store.backends import Location
+from de_store.checkpoint import shards
 from de_store.checkpoint.chain import chain_links
 from de_store.checkpoint.checks import check_link
 from de_store.checkpoint.commit import read_manifest
 from de_store.checkpoint.manifest import Manifest, VariableEntry
 from de_store.checkpoint.topology import Topology
-from de_store.saver import device_restore, shards
+from de_store.saver import device_restore
 from de_store.saver.rows import RestoredVariable, check_compatible, holds_keys, restore_shares
 
 if TYPE_CHECKING:

@@ -25,12 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from de_store.backends import Backend
+from de_store.checkpoint import shards
 from de_store.checkpoint.checks import Problem, has_repeated_key, repeated_key
 from de_store.checkpoint.manifest import ShardRecord, VariableEntry
 from de_store.checkpoint.topology import Topology
 from de_store.errors import CheckpointCorruptError
 from de_store.progress import Progress, progress_for
-from de_store.saver import device_load, device_restore, shards
+from de_store.saver import device_load, device_restore
 from de_store.saver.rows import SavedVariable, ShardRows, grow_for_restore
 from de_store.saver.streamed import load_while_reading
 

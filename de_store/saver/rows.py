@@ -1,10 +1,10 @@
 """Between Variables and numpy rows: what the saver writes and what a restore applies.
 
 :func:`export_rows` reads a Variable's shards (and its companions': optimizer slots,
-restrict status) into a :class:`~de_store.saver.variable_rows.VariableRows`;
+restrict status) into a :class:`~de_store.checkpoint.variable_rows.VariableRows`;
 :func:`export_delta` only the rows changed since a mark, and the keys removed since.
 :func:`apply_rows` and :func:`apply_delta` put restored rows back. This is the saver's
-TensorFlow side; the rows themselves are numpy (:mod:`de_store.saver.variable_rows`).
+TensorFlow side; the rows themselves are numpy (:mod:`de_store.checkpoint.variable_rows`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ import numpy as np
 
 from de_store.checkpoint.buckets import bucket_order, key_hash_mod
 from de_store.checkpoint.manifest import ColumnSpec, VariableEntry
-from de_store.errors import CheckpointError
-from de_store.saver._lazy_tf import tf
-from de_store.saver.variable_rows import (
+from de_store.checkpoint.variable_rows import (
     TF_ALIGNMENT,
     VALUE_COLUMN,
     ChangeBase,
@@ -37,6 +35,8 @@ from de_store.saver.variable_rows import (
     even_batches,
     even_sizes,
 )
+from de_store.errors import CheckpointError
+from de_store.saver._lazy_tf import tf
 
 if TYPE_CHECKING:
     from de_store.tables.base import TableCore

@@ -22,12 +22,12 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from de_store.backends.base import Backend
+from de_store.checkpoint import shards
 from de_store.checkpoint.manifest import VariableEntry
+from de_store.checkpoint.variable_rows import ShardRows
 from de_store.formats._shard import map_ahead
 from de_store.progress import Progress
-from de_store.saver import shards
 from de_store.saver.rows import ByShard, apply_rows, routes_by_hash, shard_batches
-from de_store.saver.variable_rows import ShardRows
 
 T = TypeVar("T")
 

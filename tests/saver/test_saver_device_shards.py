@@ -20,12 +20,11 @@ import tensorflow as tf
 from de_store.backends import open_backend
 from de_store.checkpoint._tf_bundle import read_index
 from de_store.checkpoint.manifest import ColumnSpec
+from de_store.checkpoint.variable_rows import VALUE_COLUMN, DeviceShardRows, VariableRows
 from de_store.errors import CheckpointError, ChecksumError, FormatError
 from de_store.formats import get_format
 from de_store.formats.base import ShardInfo
-from de_store.saver import device_shards, shards
-from de_store.saver.device_shards import DeviceShardRows
-from de_store.saver.variable_rows import VALUE_COLUMN, VariableRows
+from de_store.saver import device_shards
 
 ROWS = 200_000  # 12 buckets of about 16,700 rows
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -51,8 +50,8 @@ def device_rows(count: int, key_dtype: tf.DType = tf.int64) -> tuple[VariableRow
 
 
 def write(backend, rows: VariableRows):
-    return shards.write_shard(backend, rows, 0, rank=0, global_shard=0, format_name="parquet",
-                              buffer_size=1000)  # fmt: skip
+    return device_shards.write_shard(backend, rows, 0, rank=0, global_shard=0,
+                                     format_name="parquet", buffer_size=1000)  # fmt: skip
 
 
 def read_all(backend, record) -> pa.Table:

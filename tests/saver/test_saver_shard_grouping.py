@@ -14,11 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from de_store.backends import open_backend
+from de_store.checkpoint import shards
 from de_store.checkpoint.buckets import BucketOrder, choose_num_buckets, key_hash_mod, stable_order
 from de_store.checkpoint.manifest import ColumnSpec
-from de_store.formats import ExtraColumn, SchemaInfo, batch_from_numpy, get_format
-from de_store.saver import shards
-from de_store.saver.variable_rows import (
+from de_store.checkpoint.variable_rows import (
     VALUE_COLUMN,
     PendingShardRows,
     RowsOf,
@@ -27,6 +26,7 @@ from de_store.saver.variable_rows import (
     VariableRows,
     even_batches,
 )
+from de_store.formats import ExtraColumn, SchemaInfo, batch_from_numpy, get_format
 
 ROWS = 200_000  # 12 buckets of about 16,700 rows
 
@@ -131,7 +131,7 @@ def test_record_info_is_the_shard_info_as_a_dict(tmp_path, format_name: str) -> 
                              schema=info.arrow_schema())  # fmt: skip
     written = get_format(format_name).write(open_backend(str(tmp_path)), "s", [batch],
                                             schema_info=info, buffer_size=3)  # fmt: skip
-    as_dict = shards._as_dict(written)
+    as_dict = shards.plain_dict(written)
     assert as_dict == written.to_dict()
     assert type(as_dict["parts"]) is tuple and type(as_dict["parts"][0]["ranges"]) is tuple
     assert as_dict["parts"][0]["min_key"] == "a"
@@ -144,7 +144,7 @@ def test_record_info_of_a_two_file_shard(tmp_path) -> None:
     written = get_format("binary").write(open_backend(str(tmp_path)), "s", [batch],
                                          schema_info=info, buffer_size=2)  # fmt: skip
     assert len(written.files) == 2
-    assert shards._as_dict(written) == written.to_dict()
+    assert shards.plain_dict(written) == written.to_dict()
 
 
 def test_restored_rows_are_loaded_in_batches_of_even_size() -> None:

@@ -18,11 +18,12 @@ import tensorflow as tf
 from saver_helpers import content, make_variable
 
 import de_store as ds
+from de_store.checkpoint import shards
+from de_store.checkpoint.variable_rows import ShardRows, even_sizes
 from de_store.errors import CheckpointCorruptError, ChecksumError
 from de_store.formats._shard import map_ahead
 from de_store.saver import rows as rows_module
-from de_store.saver import shards, streamed
-from de_store.saver.variable_rows import ShardRows, even_sizes
+from de_store.saver import streamed
 from de_store.tables.hash_table import HashTable
 
 ROWS = 200_000  # dim 64: batches of 65,536 rows at most, so 4 load batches

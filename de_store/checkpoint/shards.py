@@ -22,12 +22,7 @@ from de_store.checkpoint import names
 from de_store.checkpoint.buckets import BucketOrder, choose_num_buckets
 from de_store.checkpoint.checks import read_checked
 from de_store.checkpoint.manifest import ColumnSpec, ShardRecord, VariableEntry
-from de_store.formats import get_format
-from de_store.formats._shard import map_ahead
-from de_store.formats.base import ExtraColumn, SchemaInfo
-from de_store.formats.batches import batch_from_numpy
-from de_store.saver.device_shards import write_on_device, writes_on_device
-from de_store.saver.variable_rows import (
+from de_store.checkpoint.variable_rows import (
     VALUE_COLUMN,
     DeviceShardRows,
     PendingShardRows,
@@ -36,6 +31,10 @@ from de_store.saver.variable_rows import (
     VariableRows,
     rows_where,
 )
+from de_store.formats import get_format
+from de_store.formats._shard import map_ahead
+from de_store.formats.base import ExtraColumn, SchemaInfo
+from de_store.formats.batches import batch_from_numpy
 
 #: The value column of a tombstone shard: formats need one; it holds zeros.
 TOMBSTONE_COLUMN = ColumnSpec("int64", 1)
@@ -166,16 +165,14 @@ def write_shard(
     bucket per part, so that each of several restoring processes reads only its share;
     otherwise the shard is one bucket, its rows in the order the table holds them (no
     sort and no gather: the fastest save; every restoring process reads every part).
-    A shard written on its parameter server's device is always bucketed.
-    ``tombstone``: the rows are a delta's removed keys (a tombstone shard).
+    ``tombstone``: the rows are a delta's removed keys (a tombstone shard). Rows held on
+    another task's device are brought here first (the saver writes them on that device
+    when it can: :func:`de_store.saver.device_shards.write_shard`).
     """
     shard = _read(rows.shards[shard_index], bucketed)
     info = schema_info(rows, global_shard)
     stem = names.shard_stem(rows.name, rank, shard_index, tombstone=tombstone)
     if isinstance(shard, DeviceShardRows):
-        if writes_on_device(backend, stem, shard):
-            return _write_on_device(backend, stem, shard, info, rank=rank,
-                                    global_shard=global_shard)  # fmt: skip
         shard = shard.to_host()
     if rows.key_dtype == "string":
         shard = dataclasses.replace(shard, keys=_string_keys(shard.keys))
@@ -195,40 +192,24 @@ def write_shard(
     return ShardRecord(
         rank=rank,
         shard=global_shard,
-        info=_as_dict(shard_info),
+        info=plain_dict(shard_info),
         num_buckets=num_buckets,
         part_buckets=part_buckets,
     )
 
 
-def _write_on_device(
-    backend: Backend,
-    path: str,
-    shard: DeviceShardRows,
-    info: SchemaInfo,
-    *,
-    rank: int,
-    global_shard: int,
-) -> ShardRecord:
-    """:func:`write_shard` of rows held on another task: written there, as binary."""
-    num_buckets = choose_num_buckets(shard.rows)
-    shard_info, part_buckets = write_on_device(backend, path, shard, info, num_buckets)
-    return ShardRecord(rank=rank, shard=global_shard, info=_as_dict(shard_info),
-                       num_buckets=num_buckets, part_buckets=part_buckets)  # fmt: skip
-
-
-def _as_dict(value: Any) -> Any:
+def plain_dict(value: Any) -> Any:
     """``dataclasses.asdict`` of a record of plain values (what ``ShardInfo.to_dict``
     returns), without its deep copies: a shard of 5040 parts has about 20,000 records."""
     fields = _FIELDS.get(type(value))
     if fields is None:
         fields = _FIELDS[type(value)] = _field_names(type(value))
     if fields:
-        return {name: _as_dict(getattr(value, name)) for name in fields}
+        return {name: plain_dict(getattr(value, name)) for name in fields}
     if isinstance(value, tuple | list):
-        return type(value)(_as_dict(item) for item in value)
+        return type(value)(plain_dict(item) for item in value)
     if isinstance(value, dict):
-        return {key: _as_dict(item) for key, item in value.items()}
+        return {key: plain_dict(item) for key, item in value.items()}
     return value
 
 
