@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
+import sys
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -105,6 +107,28 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"de_store.{name}")
     raise AttributeError(f"module 'de_store' has no attribute {name!r}")
+
+
+def _alias_compact_module() -> None:
+    """Make ``from de_store.compact import compact`` reach :mod:`de_store.compaction`.
+
+    A submodule named ``de_store.compact`` would replace the function ``de_store.compact``
+    when imported (Python's import system sets it on the package), so the compaction
+    module is registered under both names up front, loaded on first use; an import of
+    either name then finds it and sets nothing on the package.
+    """
+    spec = importlib.util.find_spec("de_store.compaction")
+    if spec is None or spec.loader is None:
+        return
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["de_store.compaction"] = sys.modules["de_store.compact"] = module
+    globals()["compaction"] = module
+    loader.exec_module(module)
+
+
+_alias_compact_module()
 
 
 def __dir__() -> list[str]:

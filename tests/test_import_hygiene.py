@@ -186,12 +186,16 @@ def test_the_tf_hook_knows_variables_by_the_class_they_register() -> None:
 
 def test_de_store_compact_is_the_function_after_its_module_was_imported(tmp_path) -> None:
     """``de_store.compact`` is the function, also after ``import de_store.compaction``
-    (the module that holds it); it compacts when called, as the docs call it."""
+    (the module that holds it) and ``import de_store.compact``, and ``from
+    de_store.compact import compact`` finds it; it compacts when called."""
     var = ds.Variable("emb", dim=2)
     var.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 2]))
     ds.save([var], str(tmp_path / "ck"), blocking=True)
     script = (
         "import sys, de_store.compaction, de_store as ds\n"
+        "from de_store.compact import compact\n"  # the path earlier docs showed
+        "import de_store.compact\n"
+        "assert ds.compact is compact is de_store.compaction.compact\n"
         "print(ds.compact(sys.argv[1], sys.argv[2]))\n"
     )
     src, out = str(tmp_path / "ck"), str(tmp_path / "flat")
