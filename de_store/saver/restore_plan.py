@@ -167,18 +167,18 @@ def _plan_variable(
     on_devices: DevicePlan | None,
     topology: Topology,
 ) -> VariablePlan:
-    parts = _parts_to_read(chain, topology)
-    full_rows = sum(rows for *_, rows in _parts_to_read(chain[:1], topology))
+    by_link = [_parts_to_read(entry, topology) for *_, entry in chain]
+    parts = [part for link_parts in by_link for part in link_parts]
+    full_rows = sum(rows for *_, rows in by_link[0])
     streamed = on_devices is None and _streams(variable, chain, topology.proc_size)
     shares = restore_shares(variable, parts)
     return VariablePlan(variable, chain, links, parts, full_rows, shares, streamed, on_devices)
 
 
-def _parts_to_read(chain: list[Link], topology: Topology) -> list[Part]:
-    """``(num_buckets, bucket, rows)`` of every part this rank reads of a chain's rows."""
+def _parts_to_read(entry: VariableEntry, topology: Topology) -> list[Part]:
+    """``(num_buckets, bucket, rows)`` of every part this rank reads of one link's rows."""
     return [
         part
-        for *_, entry in chain
         for record in entry.shards
         for part in shards.bucket_rows(record, topology.proc_rank, topology.proc_size)
     ]

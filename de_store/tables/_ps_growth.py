@@ -260,8 +260,7 @@ class Keeper:
                 for k in _demand.KINDS
             ]
             if any(counts):
-                _grow_table(table, load, counts, 0.0)
-                (self._loads[table],) = read_loads([table])
+                self._loads[table] = _grow_table(table, load, counts, 0.0)
 
     # -- readings, waits and growth ----------------------------------------------------
     def _dispatch(self, coordinator: Any, fn: Any, args: Any, kwargs: Any) -> Any:
@@ -322,7 +321,8 @@ class Keeper:
             self._unfinished.popleft()
 
 
-def _grow_table(table: Growth, load: Load, counts: list[int], waited: float) -> None:
+def _grow_table(table: Growth, load: Load, counts: list[int], waited: float) -> Load:
+    """Grow ``table`` for ``counts`` more keys and removals, log it; its load after."""
     started = time.perf_counter()
     table.make_room(counts[0], counts[1])
     (after,) = read_loads([table])
@@ -341,6 +341,7 @@ def _grow_table(table: Growth, load: Load, counts: list[int], waited: float) -> 
         _since(started),
         waited,
     )
+    return after
 
 
 def _plan(fn: Any, args: Any, kwargs: Any) -> tuple[dict[Growth, Need] | None, Any]:
