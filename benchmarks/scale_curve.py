@@ -1,0 +1,422 @@
+"""The cost curve: how fill, save and restore scale with the number of keys and the dim.
+
+For each point ``KEYS:DIM`` of ``--points`` (default 1M, 10M and 50M keys at dim 16, 10M
+keys at dims 64 and 128), through the user path (``de_store.get_variable`` with
+``HashTableCreator(saver=FileSystemSaver())`` and ``tf.train.Checkpoint``) on a local
+folder under ``--dir``. One fresh process per point fills the table and saves it (points
+share no memory):
+
+* ``fill_s``: every upsert of the rows into the empty table (no ``init_size``: it grows),
+  in batches of 2**20 keys, each batch's numpy rows made outside the timing;
+* ``sync_save_s``: ``Checkpoint.write``, the best of ``--rounds``, each right after a raw
+  write + fsync of the same bytes whose files were deleted before the save
+  (``raw_write_fsync_s``, the best of those: each finds free the page cache the other just
+  used, as ``checkpoint_bench.py`` measures them);
+* ``async_block_s`` / ``async_total_s``: ``Checkpoint.write`` with
+  ``CheckpointOptions(enable_async=True)`` until it returns / until ``Checkpoint.sync()``
+  returns (the process's first async save: it traces the snapshot function);
+* ``peak_rss_save_bytes``: the process's peak RSS over one more synchronous save, not
+  timed (the kernel's high-water mark, reset right before it: ``checkpoint_bench.PeakRss``),
+  next to ``rss_before_save_bytes``, ``rss_after_import_bytes`` (TensorFlow and de_store
+  imported, no table yet) and ``table_bytes`` (the table's own buffers);
+* ``saved_bytes``: the checkpoint folder's bytes on disk, next to ``raw_bytes``
+  (``N * 8`` key bytes + ``N * dim * 4`` value bytes).
+
+Then ``--restores`` fresh processes each read the checkpoint into a new variable after
+its files were dropped from the page cache (``restore_s``, the fastest; ``restore_first_s``
+the first; ``import tensorflow`` timed apart), each verified (the first 1000 rows of every
+batch read back exactly), and as many raw cold reads of the same bytes beside them
+(``raw_read_s``, the fastest; ``numpy.fromfile``).
+
+Every process finds the kernels and XLA executables that a warm-up (a fill, save and
+restore of ``--warmup-keys`` keys at each dim of the run, not reported) left in a cache
+directory the run starts empty, as every process after the first on a machine does;
+compiles for the table capacities only larger tables reach are paid inside the point.
+
+Memory state: ``memory_floor_s`` is, in each point's first restore process, ``tf.fill``
+allocating and first touching as many bytes as the restored table holds
+(``harness.memory_first_touch``), and ``memory_s_per_gb`` that per GiB. On the project's
+virtual machines memory the guest has not touched since boot costs about 2.4 s per GiB
+and memory touched before about 0.3 s (``table_bench.py``): ``memory_state`` calls a run
+whose slowest point took over 1 s per GiB ``first touch after boot``, else ``warm``.
+
+Per-key costs (``per_key``, seconds / keys) of every step and reference, for each point;
+``growth`` gives, for each dim, each point's per-key costs over those of the next smaller
+point of that dim. ``targets`` checks the issue's two bars at the largest point of the
+most measured dim: per-key cost at most 1.3x that of the next smaller point for every step,
+and peak RSS while saving at most the table's bytes + 512 MiB.
+
+Usage::
+
+    python benchmarks/scale_curve.py
+    python benchmarks/scale_curve.py --points 1M:16,2M:16 --plot /tmp/curve.png
+
+Prints a table, writes a PNG (per-key seconds of each step and reference against keys, log
+x; peak RSS while saving over the table's bytes) to ``--plot`` and the JSON beside it
+(``--json``); the last stdout line is that JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import _harness as harness
+from checkpoint_bench import PeakRss, table_bytes
+from tfra_bench import folder_bytes
+
+DEFAULT_POINTS = "1M:16,10M:16,50M:16,10M:64,10M:128"
+MIB = 1 << 20
+#: Peak RSS while saving may exceed the table's bytes by this much (issue 37's bar).
+RSS_ALLOWANCE = 512 * MIB
+#: Per-key cost of the largest point over the next smaller one (issue 37's bar).
+GROWTH_BOUND = 1.3
+#: Seconds per GiB of first touch above which memory counts as untouched since boot.
+FIRST_TOUCH_S_PER_GIB = 1.0
+STEPS = ("fill", "sync_save", "async_block", "async_total", "restore")
+REFERENCES = ("raw_write_fsync", "raw_read")
+UNITS = {"K": 10**3, "M": 10**6, "G": 10**9}
+
+
+def parse_points(text: str) -> list[tuple[int, int]]:
+    """``"1M:16,2M:16"`` -> ``[(1000000, 16), (2000000, 16)]``."""
+    points = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        keys, _, dim = item.partition(":")
+        scale = UNITS.get(keys[-1:].upper(), 1)
+        number = keys[:-1] if scale > 1 else keys
+        if not dim.isdigit() or not number.replace(".", "", 1).isdigit():
+            raise ValueError(f"--points: {item!r} is not KEYS:DIM (as 10M:16)")
+        points.append((int(float(number) * scale), int(dim)))
+    return points
+
+
+def label(keys: int) -> str:
+    for suffix, scale in reversed(UNITS.items()):
+        if keys >= scale and keys % scale == 0:
+            return f"{keys // scale}{suffix}"
+    return str(keys)
+
+
+# --- phases, each in a fresh process -------------------------------------------------------
+def import_tf() -> tuple[Any, Any, float]:
+    start = time.perf_counter()
+    import tensorflow as tf
+
+    import de_store
+
+    return tf, de_store, time.perf_counter() - start
+
+
+def make_variable(tf: Any, de_store: Any, dim: int) -> Any:
+    """The variable as a user makes it: no ``init_size``, so a fill grows it from empty."""
+    creator = de_store.HashTableCreator(saver=de_store.FileSystemSaver())
+    return de_store.get_variable(
+        "embedding", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim, kv_creator=creator
+    )
+
+
+def current_rss() -> int:
+    with PeakRss() as now:
+        pass
+    return now.peak
+
+
+def phase_fill_save(args: argparse.Namespace) -> None:
+    os.makedirs(args.work, exist_ok=True)
+    tf, de_store, import_s = import_tf()
+    out: dict[str, Any] = {"import_s": import_s, "rss_after_import_bytes": current_rss()}
+    variable = make_variable(tf, de_store, args.dim)
+    out.update(fill(tf, variable, args))
+    out["table_keys"], out["table_bytes"] = int(variable.size()), table_bytes(variable)
+    checkpoint = tf.train.Checkpoint(embedding=variable)
+    out.update(sync_saves(checkpoint, args))
+    rss_prefix = os.path.join(args.work, "rss", "ckpt")
+    with PeakRss() as rss:  # one more save, not timed
+        out["rss_before_save_bytes"] = rss.peak
+        checkpoint.write(rss_prefix)
+    out["peak_rss_save_bytes"] = rss.peak
+    shutil.rmtree(os.path.dirname(rss_prefix))
+    options = tf.train.CheckpointOptions(enable_async=True)
+    async_prefix = os.path.join(args.work, "async", "ckpt")
+    start = time.perf_counter()
+    checkpoint.write(async_prefix, options=options)
+    out["async_block_s"] = time.perf_counter() - start
+    checkpoint.sync()
+    out["async_total_s"] = time.perf_counter() - start
+    shutil.rmtree(os.path.dirname(async_prefix))
+    harness.raw_write(os.path.join(args.work, "raw"), args.keys, args.dim)  # for raw reads
+    harness.emit(out)
+
+
+def fill(tf: Any, variable: Any, args: argparse.Namespace) -> dict[str, float]:
+    """Seconds of every upsert into the empty table (the rows are made outside the timing);
+    ``first_upsert_s`` is the first batch's."""
+    seconds, first = 0.0, None
+    for batch_keys, batch_values in harness.rows(args.keys, args.dim):
+        start = time.perf_counter()
+        variable.upsert(tf.constant(batch_keys), tf.constant(batch_values))
+        seconds += time.perf_counter() - start
+        first = seconds if first is None else first
+    start = time.perf_counter()
+    variable.size().numpy()  # every upsert done
+    return {"fill_s": seconds + time.perf_counter() - start, "first_upsert_s": first or 0.0}
+
+
+def sync_saves(checkpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The best of ``--rounds`` raw writes and synchronous saves, taking turns (each finds
+    free the page cache the other just used); the saved checkpoint's bytes on disk."""
+    raw, sync = os.path.join(args.work, "raw"), os.path.join(args.work, "sync")
+    raw_writes, saves = [], []
+    for _ in range(args.rounds):
+        shutil.rmtree(sync, ignore_errors=True)
+        raw_writes.append(harness.raw_write(raw, args.keys, args.dim))
+        harness.remove_raw(raw)
+        saves.append(harness.timed(lambda: checkpoint.write(os.path.join(sync, "ckpt")))[0])
+    return {
+        "raw_write_fsync_s": min(raw_writes),
+        "sync_save_s": min(saves),
+        "saved_bytes": folder_bytes(sync),
+        "raw_bytes": args.keys * (8 + 4 * args.dim),
+    }
+
+
+def phase_restore(args: argparse.Namespace) -> None:
+    tf, de_store, import_s = import_tf()
+    variable = make_variable(tf, de_store, args.dim)
+    checkpoint = tf.train.Checkpoint(embedding=variable)
+    out: dict[str, Any] = {"import_s": import_s}
+    prefix = os.path.join(args.work, "sync", "ckpt")
+    out["restore_s"], _ = harness.timed(lambda: checkpoint.read(prefix))
+    out["restored_keys"] = int(variable.size())
+    keys, values = harness.sample_rows(args.keys, args.dim)
+    found, exists = variable.lookup(tf.constant(keys), return_exists=True)
+    out["verified"] = bool(exists.numpy().all()) and bool((found.numpy() == values).all())
+    if args.memory_floor:
+        out["memory_floor_s"] = harness.memory_first_touch(tf, table_bytes(variable))
+        out["memory_floor_bytes"] = table_bytes(variable)
+    harness.emit(out)
+
+
+def phase_raw_read(args: argparse.Namespace) -> None:
+    harness.emit(harness.raw_read(os.path.join(args.work, "raw"), args.dim))
+
+
+PHASES = {"fill_save": phase_fill_save, "restore": phase_restore, "raw_read": phase_raw_read}
+
+
+# --- driver ---------------------------------------------------------------------------------
+def run(args: argparse.Namespace, phase: str, keys: int, dim: int, *extra: str) -> dict:
+    options = ["--keys", str(keys), "--dim", str(dim), "--work", args.work]
+    options += ["--rounds", str(args.rounds), *extra]
+    cache = {"DE_STORE_CACHE_DIR": os.path.join(args.run_dir, "cache")}
+    return harness.run_phase(__file__, phase, options, env=cache)
+
+
+def measure_point(args: argparse.Namespace, keys: int, dim: int, count: int) -> dict:
+    """One point: fill and save in one process, then ``count`` restores and as many raw
+    reads, each in its own process; the point's files are removed afterwards."""
+    args.work = os.path.join(args.run_dir, f"{label(keys)}-{dim}")
+    try:
+        point: dict[str, Any] = {"keys": keys, "dim": dim}
+        point.update(run(args, "fill_save", keys, dim))
+        restores, reads = [], []
+        for i in range(count):
+            point["cold_reads"] = harness.cold_read_setup(os.path.join(args.work, "sync"))
+            floor = ["--memory-floor"] if i == 0 else []
+            restores.append(run(args, "restore", keys, dim, *floor))
+            reads.append(run(args, "raw_read", keys, dim))
+    finally:
+        shutil.rmtree(args.work, ignore_errors=True)
+    first = restores[0]
+    point["restore_import_s"] = first["import_s"]
+    point["restore_first_s"] = first["restore_s"]
+    point["restore_s"] = min(r["restore_s"] for r in restores)
+    point["restored_keys"] = first["restored_keys"]
+    point["verified"] = all(r["verified"] and r["restored_keys"] == keys for r in restores)
+    point["raw_read_s"] = min(r["raw_read_s"] for r in reads)
+    if "memory_floor_s" in first:
+        point["memory_floor_s"] = first["memory_floor_s"]
+        point["memory_s_per_gb"] = first["memory_floor_s"] / (first["memory_floor_bytes"] / 2**30)
+    point.update(derived(point))
+    return point
+
+
+def derived(point: dict[str, Any]) -> dict[str, Any]:
+    """A point's per-key costs and its ratios to the same run's references."""
+    per_key = {s: point[f"{s}_s"] / point["keys"] for s in STEPS + REFERENCES}
+    return {
+        "per_key": per_key,
+        "sync_save_over_raw_write": point["sync_save_s"] / point["raw_write_fsync_s"],
+        "async_total_over_raw_write": point["async_total_s"] / point["raw_write_fsync_s"],
+        "async_block_over_sync_save": point["async_block_s"] / point["sync_save_s"],
+        "restore_over_raw_read": point["restore_s"] / point["raw_read_s"],
+        "saved_over_raw_bytes": point["saved_bytes"] / point["raw_bytes"],
+        "rss_over_table_mb": (point["peak_rss_save_bytes"] - point["table_bytes"]) / MIB,
+        # what the table, the fill and the save hold beyond the imported runtime
+        "rss_over_table_and_runtime_mb": (
+            point["peak_rss_save_bytes"] - point["table_bytes"] - point["rss_after_import_bytes"]
+        )
+        / MIB,
+        "rss_added_by_save_mb": (point["peak_rss_save_bytes"] - point["rss_before_save_bytes"])
+        / MIB,
+    }
+
+
+def growth(points: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """For each dim, each point's per-key costs over those of the next smaller point."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for dim in sorted({p["dim"] for p in points}):
+        series = sorted((p for p in points if p["dim"] == dim), key=lambda p: p["keys"])
+        for small, large in itertools.pairwise(series):
+            name = f"{label(large['keys'])}_over_{label(small['keys'])}"
+            out.setdefault(f"dim{dim}", {})[name] = {
+                step: round(large["per_key"][step] / small["per_key"][step], 3)
+                for step in STEPS + REFERENCES
+            }
+    return out
+
+
+def targets(points: list[dict[str, Any]], grown: dict[str, Any]) -> dict[str, Any]:
+    """Issue 37's bars at the largest point of the dim with the most points."""
+    dims = [p["dim"] for p in points]
+    dim = max(set(dims), key=lambda d: (dims.count(d), -d))
+    largest = max((p for p in points if p["dim"] == dim), key=lambda p: p["keys"])
+    out: dict[str, Any] = {"dim": dim, "keys": largest["keys"]}
+    pairs = grown.get(f"dim{dim}", {})
+    if pairs:
+        name, ratios = list(pairs.items())[-1]
+        steps = {s: ratios[s] for s in STEPS}
+        out["growth"] = name
+        out["per_key_growth"] = steps
+        out["per_key_growth_met"] = {s: r <= GROWTH_BOUND for s, r in steps.items()}
+    out["rss_over_table_mb"] = round(largest["rss_over_table_mb"], 1)
+    out["rss_over_table_and_runtime_mb"] = round(largest["rss_over_table_and_runtime_mb"], 1)
+    out["runtime_rss_mb"] = round(largest["rss_after_import_bytes"] / MIB, 1)
+    out["rss_met"] = largest["peak_rss_save_bytes"] <= largest["table_bytes"] + RSS_ALLOWANCE
+    return out
+
+
+def machine_state() -> dict[str, Any]:
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return {"uptime_s": round(uptime), "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def memory_state(points: list[dict[str, Any]]) -> str:
+    slowest = max(p.get("memory_s_per_gb", 0.0) for p in points)
+    return "first touch after boot" if slowest > FIRST_TOUCH_S_PER_GIB else "warm"
+
+
+# --- output ---------------------------------------------------------------------------------
+def print_table(points: list[dict[str, Any]]) -> None:
+    """Seconds and per-key nanoseconds of each step and reference, and the RSS, per point."""
+    columns = STEPS + REFERENCES
+    print("point      " + "".join(f"{c:>17}" for c in columns) + f"{'RSS-table MB':>14}")
+    for p in points:
+        cells = "".join(f"{p[f'{c}_s']:>8.3f} s{p['per_key'][c] * 1e9:>6.1f}ns" for c in columns)
+        print(f"{label(p['keys']) + ':' + str(p['dim']):<11}{cells}{p['rss_over_table_mb']:>14.0f}")
+
+
+def draw(result: dict[str, Any], path: str) -> None:
+    """Per-key seconds of each step and reference against keys (log x, log y), one line per
+    dim; peak RSS while saving over the table's bytes (MiB), with and without the RSS of
+    the imported runtime, what the save added, and the bar (512 MiB)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = result["points"]
+    figure, (costs, memory) = plt.subplots(1, 2, figsize=(14, 5.5))
+    markers = dict(zip(sorted({p["dim"] for p in points}), "osD^v", strict=False))
+    for i, step in enumerate(STEPS + REFERENCES):
+        style = "--" if step in REFERENCES else "-"
+        for dim, marker in markers.items():
+            series = sorted((p for p in points if p["dim"] == dim), key=lambda p: p["keys"])
+            costs.plot(
+                [p["keys"] for p in series],
+                [p["per_key"][step] for p in series],
+                style,
+                marker=marker,
+                color=f"C{i}",
+                label=f"{step} (dim {dim})",
+            )
+    costs.set(xscale="log", yscale="log", xlabel="keys", ylabel="seconds per key")
+    costs.set_title("per-key cost of each step; raw write + fsync and raw cold read dashed")
+    costs.legend(fontsize=7, ncol=2)
+    figures = (
+        ("rss_over_table_mb", "-", "C0", "peak RSS while saving - table"),
+        ("rss_over_table_and_runtime_mb", "-", "C2", "the same - RSS after import"),
+        ("rss_added_by_save_mb", "--", "C1", "added by the save"),
+    )
+    for dim, marker in markers.items():
+        series = sorted((p for p in points if p["dim"] == dim), key=lambda p: p["keys"])
+        for name, style, color, text in figures:
+            memory.plot([p["keys"] for p in series], [p[name] for p in series], style,
+                        marker=marker, color=color, label=f"{text} (dim {dim})")  # fmt: skip
+    memory.axhline(RSS_ALLOWANCE / MIB, color="C3", linestyle=":", label="bar: 512 MiB")
+    memory.set(xscale="log", xlabel="keys", ylabel="MiB")
+    memory.set_title("peak RSS while saving over the table's bytes")
+    memory.legend(fontsize=7)
+    figure.suptitle(f"de_store cost curve ({result['memory_state']} memory)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# --- main -----------------------------------------------------------------------------------
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", default=DEFAULT_POINTS, help="KEYS:DIM,... (1M:16)")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="local folder to save in")
+    parser.add_argument("--plot", default="docs/scale_curve.png")
+    parser.add_argument("--json", default=None, help="default: --plot's path, .json")
+    parser.add_argument("--rounds", type=int, default=3, help="sync saves (and raw writes)")
+    parser.add_argument("--restores", type=int, default=2, help="restore processes a point")
+    parser.add_argument("--warmup-keys", type=int, default=1 << 20)
+    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--keys", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--dim", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-floor", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.phase is not None:
+        PHASES[args.phase](args)
+        return
+    points = parse_points(args.points)
+    result: dict[str, Any] = {"points_asked": args.points, "machine_before": machine_state()}
+    args.run_dir = tempfile.mkdtemp(prefix="de_store_scale_curve_", dir=args.dir)
+    try:
+        for dim in sorted({dim for _, dim in points}):  # fills the run's kernel cache
+            measure_point(args, args.warmup_keys, dim, count=1)
+        result["points"] = []
+        for keys, dim in points:
+            result["points"].append(measure_point(args, keys, dim, args.restores))
+            print(f"{label(keys)}:{dim}: {json.dumps(result['points'][-1])}", flush=True)
+    finally:
+        shutil.rmtree(args.run_dir, ignore_errors=True)
+    result["machine_after"] = machine_state()
+    result["memory_state"] = memory_state(result["points"])
+    result["growth"] = growth(result["points"])
+    result["targets"] = targets(result["points"], result["growth"])
+    print_table(result["points"])
+    print(f"memory state: {result['memory_state']}; targets: {json.dumps(result['targets'])}")
+    draw(result, args.plot)
+    with open(args.json or os.path.splitext(args.plot)[0] + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
