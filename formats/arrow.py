@@ -51,22 +51,30 @@ class ArrowFormat(ShardFormat):
     ----------
     compression:
         ``"none"`` (default, memory-mappable without copies), ``"lz4"`` or ``"zstd"``.
+    compression_level:
+        Codec level (None: the codec's default).
     """
 
     name = "arrow"
     suffix = ".arrow"
     header_bytes = 8  # ARROW1 and two bytes of padding
+    compressions = COMPRESSIONS
 
-    def __init__(self, compression: str | None = "none") -> None:
+    def __init__(
+        self, compression: str | None = "none", compression_level: int | None = None
+    ) -> None:
         compression = compression or "none"
         if compression not in COMPRESSIONS:
             raise ValueError(
                 f"arrow compression must be one of {COMPRESSIONS}, got {compression!r}"
             )
         self.compression = compression
+        self.compression_level = compression_level
 
     def _options(self) -> pa.ipc.IpcWriteOptions:
-        codec = None if self.compression == "none" else self.compression
+        if self.compression == "none":
+            return pa.ipc.IpcWriteOptions(compression=None)
+        codec = pa.Codec(self.compression, compression_level=self.compression_level)
         return pa.ipc.IpcWriteOptions(compression=codec)
 
     def write(

@@ -198,6 +198,9 @@ class ShardFormat(abc.ABC):
     suffix: ClassVar[str]
     #: The codec this instance writes with ("none": rows stored at their full width).
     compression: str = "none"
+    #: The codecs the format offers (its constructor takes ``compression`` and
+    #: ``compression_level`` when there is more than "none").
+    compressions: ClassVar[tuple[str, ...]] = ("none",)
     #: Bytes every file of the format holds before its first part (its magic number).
     header_bytes: ClassVar[int] = 0
 

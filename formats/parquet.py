@@ -61,6 +61,7 @@ class ParquetFormat(ShardFormat):
     name = "parquet"
     suffix = ".parquet"
     header_bytes = 4  # PAR1
+    compressions = COMPRESSIONS
 
     def __init__(
         self, compression: str | None = "none", compression_level: int | None = None

@@ -39,9 +39,10 @@ from de_store.checkpoint.buckets import key_hash_mod
 from de_store.checkpoint.commit import latest_generation
 from de_store.checkpoint.manifest import ColumnSpec, ShardRecord, VariableEntry
 from de_store.errors import CheckpointCorruptError, DeStoreError, StorageNotFoundError
-from de_store.formats import FORMATS, SchemaInfo, ShardInfo, get_format
+from de_store.formats import FORMATS, SchemaInfo, ShardInfo, format_class, get_format
 from de_store.formats._schema import KEY_DTYPES, VALUE_DTYPES, is_count
 from de_store.formats.batches import batch_to_numpy
+from de_store.formats.registry import compressed_format
 
 #: Stands for the manifest's file name in problems until one is found (see link_problems).
 _MANIFEST = "manifest"
@@ -121,15 +122,35 @@ def entry_problems(entry: VariableEntry, proc_size: int, manifest: str) -> list[
     if problems:
         return problems
     problems = _rank_problems(entry, proc_size, manifest)
+    offered = format_class(entry.format).compressions if entry.format in FORMATS else ()
+    if offered and entry.compression not in offered:
+        return [Problem(manifest, f"variable {entry.name!r}: compression "
+                f"{entry.compression!r} is not one the {entry.format} format offers "
+                f"({list(offered)})")]  # fmt: skip
     for record in entry.shards:
         problems += record_problems(record, entry, _columns_of(entry))
+        problems += _precision_problems(record, entry.value_precision)
     for record in entry.removed:
         problems += record_problems(record, entry, {"value": _TOMBSTONE})
+        problems += _precision_problems(record, None)
     return problems
 
 
 def _columns_of(entry: VariableEntry) -> dict[str, ColumnSpec]:
-    return {"value": ColumnSpec(entry.value_dtype, entry.dim), **entry.columns}
+    """The columns the entry's shards store, in order: the value column at its
+    precision and int8's scales (``stored_columns``), then the variable's others."""
+    columns = {"value": ColumnSpec(entry.value_dtype, entry.dim), **entry.columns}
+    if not entry.stored_columns:
+        return columns
+    return {**entry.stored_columns, **{k: c for k, c in columns.items() if k != "value"}}
+
+
+def _precision_problems(record: ShardRecord, precision: str | None) -> list[Problem]:
+    """A record must store values at its entry's precision (tombstones: exactly)."""
+    if record.value_precision != precision:
+        return [Problem(record.path, f"value_precision is {record.value_precision!r}, the "
+                                     f"manifest's entry says {precision!r}")]  # fmt: skip
+    return []
 
 
 def _entry_number_problems(entry: VariableEntry, proc_size: Any, manifest: str) -> list[Problem]:
@@ -252,7 +273,7 @@ def record_problems(
         if not found:
             found = _bucket_problems(record) + _range_problems(record.info)
         if not found:
-            found = _part_size_problems(record.info)
+            found = _part_size_problems(record.info, entry.compression)
         return found
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
         path = record.info.get("path") if isinstance(record.info, dict) else None
@@ -331,10 +352,10 @@ def _file_number_problems(info: dict[str, Any]) -> list[str]:
     return found
 
 
-def _part_size_problems(info: dict[str, Any]) -> list[Problem]:
-    """Each part's byte ranges must be large enough for its rows in its format (exactly
-    their size for ``binary``)."""
-    fmt = get_format(info["format"])
+def _part_size_problems(info: dict[str, Any], compression: str = "none") -> list[Problem]:
+    """Each part's byte ranges must be large enough for its rows in its format as written
+    (with ``compression``; exactly their size for ``binary``)."""
+    fmt = _written_format(info["format"], compression)
     schema = SchemaInfo.from_dict(info["schema"])
     for index, part in enumerate(info["parts"]):
         lengths = [span["length"] for span in part["ranges"]]
@@ -342,6 +363,14 @@ def _part_size_problems(info: dict[str, Any]) -> list[Problem]:
         if problem is not None:
             return [Problem(info["path"], f"parts[{index}].rows: {problem}")]
     return []
+
+
+def _written_format(name: str, compression: str) -> Any:
+    """The format ``name`` as it wrote with ``compression``; plain when the format
+    offers no such codec (the schema checks name such a record already)."""
+    if compression in format_class(name).compressions:
+        return compressed_format(name, compression)
+    return get_format(name)
 
 
 def _bucket_problems(record: ShardRecord) -> list[Problem]:

@@ -13,6 +13,12 @@ A checkpoint saved for a TF checkpoint (through ``tf.train.Checkpoint``) records
 one in its own field ``tf_checkpoint`` (:class:`TFCheckpointRef`), apart from the user's
 ``metadata``; such manifests are version 3, so older readers refuse them by their version
 instead of failing on the unknown field.
+
+A variable saved compressed or with its values at another precision (bfloat16, float16,
+int8: :mod:`de_store.formats.precision`) records both in its entry, with the columns as
+stored (``stored_columns``), and each shard record names its precision, so a reader of one
+shard converts its values back. Such manifests are version 4; entries without these fields
+hold values at their own dtype, uncompressed.
 """
 
 from __future__ import annotations
@@ -27,11 +33,15 @@ from typing import Any
 from de_store.errors import CheckpointError
 
 #: The newest manifest version this de_store reads and writes.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: The version of manifests without incremental entries (what older readers understand).
 FULL_FORMAT_VERSION = 1
 #: The version of manifests with incremental entries and no ``tf_checkpoint``.
 INCREMENTAL_FORMAT_VERSION = 2
+#: The version of manifests with ``tf_checkpoint`` and no compression or precision.
+TF_FORMAT_VERSION = 3
+#: The value precisions this de_store reads (``None``: the variable's own dtype).
+VALUE_PRECISIONS = ("bfloat16", "float16", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +60,8 @@ class ShardRecord:
     Rows are grouped by key bucket ``floormod(hash(key), num_buckets)``, one bucket per
     part: ``part_buckets[i]`` is the bucket held by part ``i`` of the file (a shard in
     table order has ``num_buckets`` 1, every part in bucket 0).
+    ``value_precision``: the precision its ``value`` column is stored at, which a reader
+    converts back from (None: the variable's own dtype).
     """
 
     rank: int
@@ -57,6 +69,7 @@ class ShardRecord:
     info: dict[str, Any]
     num_buckets: int
     part_buckets: list[int]
+    value_precision: str | None = None
 
     @property
     def path(self) -> str:
@@ -88,6 +101,15 @@ class VariableEntry:
     #: Tombstone shards (incremental entries only): the keys removed since the parent,
     #: bucketed like the rows, with a ``value`` column of dim 1 int64 (unused).
     removed: list[ShardRecord] = dataclasses.field(default_factory=list)
+    #: The codec of every shard file of the entry ("none": stored at full width).
+    compression: str = "none"
+    #: The codec's level (None: its default).
+    compression_level: int | None = None
+    #: The precision ``value`` is stored at (None: ``value_dtype``, unchanged).
+    value_precision: str | None = None
+    #: The columns as the shards store them, where they differ from ``value_dtype`` and
+    #: ``columns`` (``value`` at its precision, int8's ``value_scale``); empty otherwise.
+    stored_columns: dict[str, ColumnSpec] = dataclasses.field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -234,8 +256,9 @@ def merge_rank_manifests(
         for name, entry in rank_manifest.variables.items():
             merged[name] = _merge_entry(merged.get(name), entry, rank_manifest.rank)
     incremental = any(e.incremental for e in merged.values())
+    encoded = any(is_encoded(e) for e in merged.values())
     return Manifest(
-        format_version=_version(incremental, tf_checkpoint),
+        format_version=_version(incremental, tf_checkpoint, encoded),
         created=time.time(),
         proc_size=proc_size,
         variables=merged,
@@ -247,10 +270,15 @@ def merge_rank_manifests(
     )
 
 
-def _version(incremental: bool, tf_checkpoint: TFCheckpointRef | None) -> int:
-    """The oldest version that holds what the manifest holds."""
-    if tf_checkpoint is not None:
+def _version(
+    incremental: bool, tf_checkpoint: TFCheckpointRef | None, encoded: bool = False
+) -> int:
+    """The oldest version that holds what the manifest holds (``encoded``: a variable is
+    compressed or stored at another precision)."""
+    if encoded:
         return FORMAT_VERSION
+    if tf_checkpoint is not None:
+        return TF_FORMAT_VERSION
     return INCREMENTAL_FORMAT_VERSION if incremental else FULL_FORMAT_VERSION
 
 
@@ -258,13 +286,14 @@ def _merge_entry(into: VariableEntry | None, entry: VariableEntry, rank: int) ->
     if into is None:
         return entry
     fields = (into.key_dtype, into.value_dtype, into.dim, into.columns, into.format)
-    mine = (*fields, into.incremental)
+    mine = (*fields, into.incremental, *_encoding(into))
     theirs = (entry.key_dtype, entry.value_dtype, entry.dim, entry.columns, entry.format,
-              entry.incremental)  # fmt: skip
+              entry.incremental, *_encoding(entry))  # fmt: skip
     if mine != theirs:
         raise CheckpointError(
             f"variable {entry.name!r}: rank {rank} saved (key_dtype, value_dtype, dim, "
-            f"columns, format, incremental) = {theirs}, other ranks saved {mine}"
+            f"columns, format, incremental, compression, compression_level, value_precision)"
+            f" = {theirs}, other ranks saved {mine}"
         )
     return dataclasses.replace(
         into,
@@ -272,6 +301,15 @@ def _merge_entry(into: VariableEntry | None, entry: VariableEntry, rank: int) ->
         shards=into.shards + entry.shards,
         removed=into.removed + entry.removed,
     )
+
+
+def _encoding(entry: VariableEntry) -> tuple[str, int | None, str | None]:
+    return (entry.compression, entry.compression_level, entry.value_precision)
+
+
+def is_encoded(entry: VariableEntry) -> bool:
+    """Whether ``entry``'s shards are compressed or hold values at another precision."""
+    return _encoding(entry) != ("none", None, None)
 
 
 # --- JSON -----------------------------------------------------------------------------
@@ -292,6 +330,7 @@ def to_json(obj: Manifest | RankManifest) -> bytes:
     for entry in d["variables"].values():
         if not entry["incremental"] and not entry["removed"]:
             del entry["incremental"], entry["removed"]
+        _drop_defaults(entry)
     # no indent: json uses its C encoder only then (a manifest can list many thousand parts)
     return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
@@ -308,19 +347,47 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+#: Entry fields left out of the JSON where they hold these defaults: a manifest of values
+#: at their own dtype, uncompressed, reads as it did before the fields existed.
+_ENTRY_DEFAULTS: tuple[tuple[str, Any], ...] = (
+    ("compression", "none"),
+    ("compression_level", None),
+    ("value_precision", None),
+    ("stored_columns", {}),
+)
+
+
+def _drop_defaults(entry: dict[str, Any]) -> None:
+    for name, default in _ENTRY_DEFAULTS:
+        if name in entry and entry[name] == default:
+            del entry[name]
+    for record in (*entry["shards"], *entry.get("removed", ())):
+        if record.get("value_precision", 0) is None:
+            del record["value_precision"]
+
+
 def _has_dataclass(values: Any) -> bool:
     return any(dataclasses.is_dataclass(v) for v in values)
 
 
-def _entry_from_dict(d: dict[str, Any]) -> VariableEntry:
-    return VariableEntry(
+def _entry_from_dict(d: dict[str, Any], where: str) -> VariableEntry:
+    entry = VariableEntry(
         **{
             **d,
             "columns": {k: ColumnSpec(**c) for k, c in d["columns"].items()},
             "shards": [ShardRecord(**s) for s in d["shards"]],
             "removed": [ShardRecord(**s) for s in d.get("removed", [])],
+            "stored_columns": {k: ColumnSpec(**c) for k, c in d.get("stored_columns", {}).items()},
         }
     )
+    for precision in (entry.value_precision, *(r.value_precision for r in entry.shards)):
+        if precision is not None and precision not in VALUE_PRECISIONS:
+            raise CheckpointError(
+                f"{where}: variable {entry.name!r} is stored at value_precision "
+                f"{precision!r}, which this de_store does not read (it reads "
+                f"{list(VALUE_PRECISIONS)}); upgrade de_store"
+            )
+    return entry
 
 
 def manifest_from_json(data: bytes, where: str) -> Manifest:
@@ -333,7 +400,7 @@ def manifest_from_json(data: bytes, where: str) -> Manifest:
                 f"{where}: manifest format_version {version} is newer than this "
                 f"de_store understands ({FORMAT_VERSION}); upgrade de_store"
             )
-        variables = {k: _entry_from_dict(v) for k, v in d["variables"].items()}
+        variables = {k: _entry_from_dict(v, where) for k, v in d["variables"].items()}
         ref = d.get("tf_checkpoint")
         tf_checkpoint = TFCheckpointRef(**ref) if ref is not None else None
         return Manifest(**{**d, "variables": variables, "tf_checkpoint": tf_checkpoint})
@@ -347,7 +414,7 @@ def rank_manifest_from_json(data: bytes, where: str) -> RankManifest:
     """Parse a per-rank manifest."""
     try:
         d = json.loads(data)
-        variables = {k: _entry_from_dict(v) for k, v in d["variables"].items()}
+        variables = {k: _entry_from_dict(v, where) for k, v in d["variables"].items()}
         return RankManifest(
             rank=d["rank"],
             proc_size=d["proc_size"],
@@ -355,5 +422,7 @@ def rank_manifest_from_json(data: bytes, where: str) -> RankManifest:
             parent=d.get("parent"),
             parent_created=d.get("parent_created"),
         )
+    except CheckpointError:
+        raise
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{where}: rank manifest is not valid ({err})") from err

@@ -10,8 +10,9 @@ as tombstone shards (:func:`tombstone_rows`), so a restoring rank reads only its
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,17 +32,21 @@ from de_store.checkpoint.variable_rows import (
     VariableRows,
     rows_where,
 )
-from de_store.formats import get_format
+from de_store.errors import CheckpointCorruptError
+from de_store.formats import precision as value_precisions
 from de_store.formats._shard import map_ahead
 from de_store.formats.base import ExtraColumn, SchemaInfo
 from de_store.formats.batches import batch_from_numpy
+from de_store.formats.registry import compressed_format
 
 #: The value column of a tombstone shard: formats need one; it holds zeros.
 TOMBSTONE_COLUMN = ColumnSpec("int64", 1)
 
 
-def schema_info(rows: VariableRows, shard_id: int) -> SchemaInfo:
-    extras = tuple(
+def schema_info(rows: VariableRows, shard_id: int, precision: str | None = None) -> SchemaInfo:
+    """The schema of a shard of ``rows``, its values stored at ``precision`` (None: at
+    their own dtype), with int8's scale column right after ``value``."""
+    extras = value_precisions.scale_columns(precision) + tuple(
         ExtraColumn(name, spec.dtype, spec.dim)
         for name, spec in rows.columns.items()
         if name != VALUE_COLUMN
@@ -50,10 +55,40 @@ def schema_info(rows: VariableRows, shard_id: int) -> SchemaInfo:
         name=rows.name,
         dim=rows.dim,
         key_dtype=rows.key_dtype,
-        value_dtype=rows.value_dtype,
+        value_dtype=rows.value_dtype if precision is None else precision,
         shard_id=shard_id,
         extras=extras,
     )
+
+
+#: Builds a shard's batch from its keys, values and extra columns.
+BatchMaker = Callable[[np.ndarray, np.ndarray, Mapping[str, np.ndarray]], pa.RecordBatch]
+
+
+def batch_maker(schema: pa.Schema, precision: str | None, variable: str) -> BatchMaker:
+    """What builds a shard's batches of ``schema``: the values stored at ``precision``
+    (see :mod:`de_store.formats.precision`; None: as they are)."""
+    if precision is None:
+        return functools.partial(_plain_batch, schema)
+    return functools.partial(_encoded_batch, schema, precision, variable)
+
+
+def _plain_batch(
+    schema: pa.Schema, keys: np.ndarray, values: np.ndarray, extras: Mapping[str, np.ndarray]
+) -> pa.RecordBatch:
+    return batch_from_numpy(keys, values, extras, schema=schema)
+
+
+def _encoded_batch(
+    schema: pa.Schema,
+    precision: str,
+    variable: str,
+    keys: np.ndarray,
+    values: np.ndarray,
+    extras: Mapping[str, np.ndarray],
+) -> pa.RecordBatch:
+    stored, beside = value_precisions.encode(values, precision, keys, variable)
+    return batch_from_numpy(keys, stored, {**beside, **extras}, schema=schema)
 
 
 #: Rows gathered into bucket order at a time: whole buckets, about this many rows.
@@ -65,7 +100,7 @@ GATHER_AHEAD = 2
 def _bucketed_batches(
     shard: ShardRows | SnapshotRows,
     key_dtype: str,
-    schema: pa.Schema,
+    make: BatchMaker,
     buffer_size: int,
     out: list[int],
 ) -> Iterator[pa.RecordBatch]:
@@ -83,7 +118,7 @@ def _bucketed_batches(
         index = order.rows(*chunk)
         columns = {name: shard.take(name, index) for name in shard.columns}
         values = columns.pop(VALUE_COLUMN)
-        return batch_from_numpy(np.take(shard.keys, index), values, columns, schema=schema)
+        return make(np.take(shard.keys, index), values, columns)
 
     # The next chunks are gathered (numpy's take releases the GIL) while this one is
     # written: two threads, as a chunk's gather takes longer than its write.
@@ -98,7 +133,7 @@ def _bucketed_batches(
 
 
 def _table_order_batches(
-    shard: ShardRows | SnapshotRows, schema: pa.Schema, buffer_size: int, out: list[int]
+    shard: ShardRows | SnapshotRows, make: BatchMaker, buffer_size: int, out: list[int]
 ) -> Iterator[pa.RecordBatch]:
     """Batches of at most ``buffer_size`` rows in the order ``shard`` holds them, each
     of the shard's one bucket (``out`` gets a 0 a batch): slices of its arrays (zero-copy;
@@ -112,13 +147,13 @@ def _table_order_batches(
             end = at + buffer_size
             out.append(0)
             extras = {name: c[at:end] for name, c in arrays.items()}
-            yield batch_from_numpy(keys[at:end], values[at:end], extras, schema=schema)
+            yield make(keys[at:end], values[at:end], extras)
         return
 
     def gather(at: int) -> pa.RecordBatch:
         index = np.arange(at, min(at + GATHER_ROWS, len(keys)))
         extras = {name: shard.take(name, index) for name in columns}
-        return batch_from_numpy(keys[index], shard.take(VALUE_COLUMN, index), extras, schema=schema)
+        return make(keys[index], shard.take(VALUE_COLUMN, index), extras)
 
     starts = range(0, len(keys), GATHER_ROWS)
     for batch in map_ahead(gather, starts, depth=GATHER_AHEAD, name="gather"):
@@ -158,6 +193,9 @@ def write_shard(
     buffer_size: int,
     bucketed: bool = True,
     tombstone: bool = False,
+    compression: str = "none",
+    compression_level: int | None = None,
+    value_precision: str | None = None,
 ) -> ShardRecord:
     """Write one table shard as one file of parts; return its record.
 
@@ -167,25 +205,35 @@ def write_shard(
     sort and no gather: the fastest save; every restoring process reads every part).
     ``tombstone``: the rows are a delta's removed keys (a tombstone shard). Rows held on
     another task's device are brought here first (the saver writes them on that device
-    when it can: :func:`de_store.saver.device_shards.write_shard`).
+    when it can: :func:`de_store.saver.device_shards.write_shard`). ``compression`` (with
+    ``compression_level``) is the format's codec; ``value_precision`` the precision the
+    ``value`` column is stored at (:mod:`de_store.formats.precision`; tombstones are
+    always exact).
+
+    Raises
+    ------
+    ValueError
+        The format has no such codec, the variable's values cannot be stored at
+        ``value_precision``, or a row holds a value that precision cannot.
     """
+    precision = None if tombstone else value_precision
+    value_precisions.check_precision(precision, rows.value_dtype, rows.name)
+    fmt = compressed_format(format_name, compression, compression_level)
     shard = _read(rows.shards[shard_index], bucketed)
-    info = schema_info(rows, global_shard)
+    info = schema_info(rows, global_shard, precision)
     stem = names.shard_stem(rows.name, rank, shard_index, tombstone=tombstone)
     if isinstance(shard, DeviceShardRows):
         shard = shard.to_host()
     if rows.key_dtype == "string":
         shard = dataclasses.replace(shard, keys=_string_keys(shard.keys))
-    fmt = get_format(format_name)
     path = stem + fmt.suffix
     part_buckets: list[int] = []
     num_buckets = choose_num_buckets(shard.rows) if bucketed else 1
+    make = batch_maker(info.arrow_schema(), precision, rows.name)
     if num_buckets == 1:
-        batches = _table_order_batches(shard, info.arrow_schema(), buffer_size, part_buckets)
+        batches = _table_order_batches(shard, make, buffer_size, part_buckets)
     else:
-        batches = _bucketed_batches(
-            shard, rows.key_dtype, info.arrow_schema(), buffer_size, part_buckets
-        )
+        batches = _bucketed_batches(shard, rows.key_dtype, make, buffer_size, part_buckets)
     shard_info = fmt.write(backend, path, batches, schema_info=info, buffer_size=buffer_size)
     if len(part_buckets) != len(shard_info.parts):
         raise AssertionError(f"{path}: {len(shard_info.parts)} parts, {len(part_buckets)} batches")
@@ -195,6 +243,7 @@ def write_shard(
         info=plain_dict(shard_info),
         num_buckets=num_buckets,
         part_buckets=part_buckets,
+        value_precision=precision,
     )
 
 
@@ -236,7 +285,21 @@ def entry_for(
     records: list[ShardRecord],
     format_name: str,
     removed: list[ShardRecord] | None = None,
+    *,
+    compression: str = "none",
+    compression_level: int | None = None,
+    value_precision: str | None = None,
 ) -> VariableEntry:
+    """The manifest entry of ``rows`` written as ``records`` (and tombstone shards
+    ``removed``) in ``format_name``, with the codec and value precision they were written
+    with, and the columns as stored where they differ from the variable's."""
+    stored: dict[str, ColumnSpec] = {}
+    if value_precision is not None:
+        stored[VALUE_COLUMN] = ColumnSpec(value_precision, rows.dim)
+        stored.update(
+            (c.name, ColumnSpec(c.dtype, c.width or 1))
+            for c in value_precisions.scale_columns(value_precision)
+        )
     return VariableEntry(
         name=rows.name,
         key_dtype=rows.key_dtype,
@@ -248,6 +311,10 @@ def entry_for(
         shards=records,
         incremental=rows.incremental,
         removed=list(removed or []),
+        compression=compression,
+        compression_level=compression_level if compression != "none" else None,
+        value_precision=value_precision,
+        stored_columns=stored,
     )
 
 
@@ -292,5 +359,20 @@ def read_shard_rows(
     for keys, values, extras, ranks in read_checked(
         folder, record, parts, buffer_size=buffer_size, key_dtype=key_dtype, proc_size=proc_size
     ):
+        if record.value_precision is not None:
+            values, extras = _decoded(record, values, extras)
         rows = ShardRows(keys, {VALUE_COLUMN: values, **extras})
         yield rows if ranks is None else rows_where(rows, ranks == proc_rank)
+
+
+def _decoded(
+    record: ShardRecord, values: np.ndarray, extras: dict[str, np.ndarray]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A shard's stored values back at float32 (its record says their precision)."""
+    precision = str(record.value_precision)
+    if precision not in value_precisions.PRECISIONS:
+        raise CheckpointCorruptError(
+            f"{record.path}: values stored at value_precision {precision!r}, which this "
+            f"de_store does not read (it reads {list(value_precisions.PRECISIONS)})"
+        )
+    return value_precisions.decode(values, extras, precision)

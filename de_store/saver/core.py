@@ -47,6 +47,8 @@ from de_store.errors import (
     SaveInterruptedError,
 )
 from de_store.formats import FORMATS
+from de_store.formats.precision import PRECISIONS
+from de_store.formats.registry import compressed_format
 from de_store.progress import Progress, progress_for
 from de_store.saver import device_shards, incremental
 from de_store.saver.rows import (
@@ -79,6 +81,12 @@ class IOOptions:
     bucketed: group each shard's rows by key bucket (see ``shards.write_shard``); None:
         when several processes save together or the save is incremental
         (``bucketed_for``).
+    compression: the format's codec: "none" (default), "zstd" or "lz4" (parquet also
+        "snappy"); binary shards have none.
+    compression_level: the codec's level (None: its default).
+    value_precision: the precision float32 values are stored at: None or "float32"
+        (default: each variable's own dtype), "bfloat16", "float16" or "int8" (a scale per
+        row, lossy; see ``de_store.formats.precision``).
     """
 
     format: str = "parquet"
@@ -87,10 +95,19 @@ class IOOptions:
     retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
     progress: bool = False
     bucketed: bool | None = None
+    compression: str = "none"
+    compression_level: int | None = None
+    value_precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise ValueError(f"format {self.format!r} is not one of {sorted(FORMATS)}")
+        compressed_format(self.format, self.compression, self.compression_level)
+        if self.value_precision == "float32":
+            object.__setattr__(self, "value_precision", None)
+        if self.value_precision not in (None, *PRECISIONS):
+            raise ValueError(f"value_precision must be one of {['float32', *PRECISIONS]}, "
+                             f"got {self.value_precision!r}")  # fmt: skip
         if not isinstance(self.buffer_size, int) or self.buffer_size < 1:
             raise ValueError(f"buffer_size must be an int >= 1, got {self.buffer_size!r}")
         if not self.barrier_timeout_s > 0:
@@ -99,6 +116,15 @@ class IOOptions:
             raise ValueError(f"retry must be a RetryPolicy, got {self.retry!r}")
         if self.bucketed not in (None, True, False):
             raise ValueError(f"bucketed must be True, False or None, got {self.bucketed!r}")
+
+    def encoding(self) -> dict[str, Any]:
+        """How shards are encoded: ``compression``, ``compression_level`` and
+        ``value_precision``, as ``shards.write_shard`` and ``shards.entry_for`` take them."""
+        return {
+            "compression": self.compression,
+            "compression_level": self.compression_level,
+            "value_precision": self.value_precision,
+        }
 
     def bucketed_for(self, topology: Topology, chained: bool = False) -> bool:
         """Whether a save by ``topology`` groups rows by key bucket: as set, or when more
@@ -335,7 +361,8 @@ def write_rank(
     for rows in variables:
         records = write(rows, tombstone=False)
         removed = write(shards.tombstone_rows(rows), tombstone=True)
-        entries[rows.name] = shards.entry_for(rows, records, options.format, removed)
+        entries[rows.name] = shards.entry_for(rows, records, options.format, removed,
+                                              **options.encoding())  # fmt: skip
     bar.close()
     manifest = RankManifest(topology.proc_rank, topology.proc_size, entries, *parent)
     data = to_json(manifest)
@@ -361,6 +388,7 @@ def _write_shards(
         buffer_size=options.buffer_size,
         bucketed=options.bucketed_for(topology, chained=rows.mark is not None),
         tombstone=tombstone,
+        **options.encoding(),
     )
     records = []
     for index, shard_rows in enumerate(rows.shards):

@@ -195,6 +195,9 @@ def _through_this_process(
         return f"{where} is incremental (a chain of {len(chain)} checkpoints)"
     if entry.key_dtype == "string":
         return "binary shards hold no string keys"
+    if entry.value_precision is not None:
+        return (f"{where} stores values at {entry.value_precision}; the tasks read them at "
+                "the variable's dtype only")  # fmt: skip
     for record in entry.shards:
         if record.info["format"] != "binary":
             return f"shard {record.path} is {record.info['format']}, the tasks read binary only"

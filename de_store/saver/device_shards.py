@@ -54,13 +54,13 @@ def write_shard(
     **options: Any,
 ) -> ShardRecord:  # fmt: skip
     """:func:`de_store.checkpoint.shards.write_shard`, with rows held on another task's
-    device written there when it can (always bucketed, as binary files)."""
+    device written there when it can (always bucketed, as plain binary files: a shard
+    compressed or with values at another precision is written by this process)."""
     held = rows.shards[shard_index]
     if isinstance(held, DeviceShardRows):
-        stem = names.shard_stem(
-            rows.name, rank, shard_index, tombstone=options.get("tombstone", False)
-        )
-        if writes_on_device(backend, stem, held):
+        tombstone = options.get("tombstone", False)
+        stem = names.shard_stem(rows.name, rank, shard_index, tombstone=tombstone)
+        if writes_on_device(backend, stem, held, _encoded(options, tombstone)):
             info = shards.schema_info(rows, global_shard)
             num_buckets = choose_num_buckets(held.rows)
             shard_info, part_buckets = write_on_device(backend, stem, held, info, num_buckets)
@@ -71,10 +71,24 @@ def write_shard(
     )
 
 
-def writes_on_device(backend: Backend, path: str, rows: DeviceShardRows) -> bool:
+def _encoded(options: dict[str, Any], tombstone: bool) -> str | None:
+    """How the shard is to be encoded beyond plain binary, in words (None: not)."""
+    compression = options.get("compression", "none")
+    precision = None if tombstone else options.get("value_precision")
+    if compression != "none" or precision is not None:
+        return f"compression {compression!r} with value_precision {precision!r}"
+    return None
+
+
+def writes_on_device(
+    backend: Backend, path: str, rows: DeviceShardRows, encoded: str | None = None
+) -> bool:
     """Whether ``rows``' device can write the shard ``path`` itself; when not, logs why
-    the rows go through this process."""
-    if backend.local_path(path) is None:
+    the rows go through this process. ``encoded``: how the shard is to be encoded beyond
+    plain binary (the task writes plain binary only)."""
+    if encoded is not None:
+        reason = f"the shard is saved with {encoded}; the task writes plain binary"
+    elif backend.local_path(path) is None:
         reason = f"{backend.url} is not a local path that task can write"
     elif rows.keys.dtype == tf.string:
         reason = "binary shards hold no string keys"

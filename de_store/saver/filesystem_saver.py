@@ -13,7 +13,6 @@ from typing import Any
 from de_store.checkpoint.barrier import Barrier
 from de_store.checkpoint.retry import RetryPolicy
 from de_store.checkpoint.topology import Topology, detect_topology
-from de_store.formats import get_format
 from de_store.saver.core import IOOptions
 from de_store.saver.incremental import IncrementalPolicy, policy_of
 
@@ -68,6 +67,19 @@ class FileSystemSaver:
         process writes rows in the order its tables hold them, the fastest save; a
         restore by several processes then reads every row on each. See
         docs/checkpoints.md, *Resharding*.
+    compression:
+        The shard files' codec: ``"none"`` (default), ``"zstd"`` or ``"lz4"`` for the
+        parquet and arrow formats (parquet also ``"snappy"``); the binary format has none
+        (ValueError). ``compression_level``: the codec's level (None: its default).
+    value_precision:
+        The precision float32 values are stored at: ``None`` or ``"float32"`` (default:
+        every variable's own dtype, unchanged), ``"bfloat16"`` or ``"float16"`` (each value
+        rounded to nearest as ``tf.cast`` rounds), or ``"int8"`` (one float16 scale per
+        row; lossy: each value within about ``max|row| / 254``; see
+        :mod:`de_store.formats.precision`). A restore converts the values back to float32.
+        Only the values change, optimizer slots stay exact; a variable whose values are not
+        float32 cannot be saved at another precision (ValueError naming it). See
+        docs/checkpoints.md, *Smaller checkpoints*.
     """
 
     def __init__(
@@ -85,11 +97,14 @@ class FileSystemSaver:
         progress: bool = False,
         incremental: IncrementalPolicy | bool = False,
         bucketed: bool | None = None,
+        compression: str = "none",
+        compression_level: int | None = None,
+        value_precision: str | None = None,
     ) -> None:
         self.options = IOOptions(
-            format, buffer_size, barrier_timeout_s, retry or RetryPolicy(), progress, bucketed
-        )
-        get_format(format)  # its module loads now, not in the first save (which training waits for)
+            format, buffer_size, barrier_timeout_s, retry or RetryPolicy(), progress, bucketed,
+            compression, compression_level, value_precision,
+        )  # fmt: skip
         if job_id is not None and (not isinstance(job_id, str) or not job_id):
             raise ValueError(f"job_id must be a non-empty string, got {job_id!r}")
         self.topology: Topology = detect_topology(proc_size, proc_rank)
@@ -122,5 +137,7 @@ class FileSystemSaver:
         return (
             f"FileSystemSaver(proc_size={self.proc_size}, proc_rank={self.proc_rank}, "
             f"save_path={self.save_path!r}, buffer_size={self.buffer_size}, "
-            f"format={self.options.format!r}, incremental={self.incremental!r})"
+            f"format={self.options.format!r}, compression={self.options.compression!r}, "
+            f"value_precision={self.options.value_precision!r}, "
+            f"incremental={self.incremental!r})"
         )
