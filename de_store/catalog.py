@@ -258,7 +258,10 @@ def describe(url: str, storage_options: dict[str, Any] | None = None) -> dict[st
     ``versions``, ``kind`` ("full" or "delta"), ``parent`` (as the manifest names it, or
     None), ``chain`` (see :func:`describe_chain`), ``chain_error`` (why the chain cannot be
     restored, or None) and ``variables``: name -> ``dim``, ``key_dtype``, ``value_dtype``,
-    ``columns`` (name -> dtype, dim), ``format``, ``rows``, ``shards``, ``bytes``,
+    ``columns`` (name -> dtype, dim), ``format``, ``compression`` (the codec, "none"),
+    ``compression_level``, ``value_precision`` (what ``value`` is stored at: its own dtype
+    or ``bfloat16``, ``float16``, ``int8``), ``stored_columns`` (the columns as stored where
+    they differ: name -> dtype, dim), ``rows``, ``shards``, ``bytes``,
     ``files``, ``ranks`` (rank -> shard count), ``incremental``, ``removed`` (tombstones:
     keys removed since the parent), ``removed_files`` (the tombstone shard files) and
     ``chain_links`` (checkpoints its restore reads).
@@ -285,6 +288,10 @@ def describe(url: str, storage_options: dict[str, Any] | None = None) -> dict[st
             "value_dtype": entry.value_dtype,
             "columns": {c: dataclasses.asdict(s) for c, s in entry.columns.items()},
             "format": entry.format,
+            "compression": entry.compression,
+            "compression_level": entry.compression_level,
+            "value_precision": entry.value_precision or entry.value_dtype,
+            "stored_columns": {c: dataclasses.asdict(s) for c, s in entry.stored_columns.items()},
             "rows": entry.rows,
             "shards": entry.shard_count,
             "bytes": entry.bytes,

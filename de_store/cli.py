@@ -375,7 +375,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(f"metadata    {json.dumps(info['metadata'], sort_keys=True)}")
     _print_chain(info)
     print()
-    header = "VARIABLE DIM KEY VALUE COLUMNS ROWS REMOVED SHARDS SIZE FORMAT SAVED-AS"
+    header = (
+        "VARIABLE DIM KEY VALUE COLUMNS ROWS REMOVED SHARDS SIZE FORMAT COMPRESSION STORED-AS "
+        "SAVED-AS"
+    )
     rows = [tuple(header.split())]
     for name, v in info["variables"].items():
         extras = ",".join(c for c in v["columns"] if c != "value") or "-"
@@ -393,6 +396,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
                 str(v["shards"]),
                 _size(v["bytes"]),
                 v["format"],
+                v["compression"],
+                v["value_precision"],
                 saved_as,
             )
         )

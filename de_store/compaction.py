@@ -278,8 +278,12 @@ def _write_groups(
     buffer_size: int,
     progress: Progress,
 ) -> VariableEntry:
-    """Write one shard file per key group of ``var``'s flattened chain; return its entry."""
+    """Write one shard file per key group of ``var``'s flattened chain; return its entry.
+
+    In the newest link's format, the shards keep its compression and value precision; in
+    another format the values are written at their own dtype, uncompressed."""
     schema = VariableRows(var.name, var.key_dtype, var.value_dtype, var.dim, var.columns, [])
+    encoding = _encoding_of(var.links[-1][1], format_name)
     records = []
     for group, merged in merged_groups(source, var, buffer_size=buffer_size):
         records.append(
@@ -291,11 +295,24 @@ def _write_groups(
                 global_shard=group,
                 format_name=format_name,
                 buffer_size=buffer_size,
+                **encoding,
             )
         )
         progress.update(1)
     records.sort(key=lambda r: r.shard)
-    return shards.entry_for(schema, records, format_name)
+    return shards.entry_for(schema, records, format_name, **encoding)
+
+
+def _encoding_of(newest: VariableEntry, format_name: str) -> dict[str, Any]:
+    """The compression and value precision of ``newest`` when writing ``format_name`` is
+    writing its format; none otherwise."""
+    if format_name != newest.format:
+        return {}
+    return {
+        "compression": newest.compression,
+        "compression_level": newest.compression_level,
+        "value_precision": newest.value_precision,
+    }
 
 
 def compact(

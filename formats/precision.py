@@ -86,7 +86,8 @@ def encode(
     if precision == "bfloat16":
         return values.astype(ml_dtypes.bfloat16), {}
     if precision == "float16":
-        stored = values.astype(np.float16)
+        with np.errstate(over="ignore"):  # refused below, by key
+            stored = values.astype(np.float16)
         overflow = np.isinf(stored) & np.isfinite(values)
         if overflow.any():
             row = int(np.flatnonzero(overflow.any(axis=1))[0])
@@ -108,7 +109,8 @@ def _int8(
         _refuse(variable, keys[row], "holds an infinity or NaN, which int8 cannot store; "
                 "use value_precision='bfloat16' or 'float16'")  # fmt: skip
     wanted = largest / np.float32(INT8_STEPS)
-    scale = wanted.astype(np.float16)
+    with np.errstate(over="ignore"):  # refused below, by key
+        scale = wanted.astype(np.float16)
     low = scale.astype(np.float32) < wanted
     scale[low] = np.nextafter(scale[low], np.float16(np.inf))
     if np.isinf(scale).any():
