@@ -286,13 +286,13 @@ def _merge_entry(into: VariableEntry | None, entry: VariableEntry, rank: int) ->
     if into is None:
         return entry
     fields = (into.key_dtype, into.value_dtype, into.dim, into.columns, into.format)
-    mine = (*fields, into.incremental, *_encoding(into))
+    mine = (*fields, *_encoding(into), into.incremental)
     theirs = (entry.key_dtype, entry.value_dtype, entry.dim, entry.columns, entry.format,
-              entry.incremental, *_encoding(entry))  # fmt: skip
+              *_encoding(entry), entry.incremental)  # fmt: skip
     if mine != theirs:
         raise CheckpointError(
             f"variable {entry.name!r}: rank {rank} saved (key_dtype, value_dtype, dim, "
-            f"columns, format, incremental, compression, compression_level, value_precision)"
+            f"columns, format, compression, compression_level, value_precision, incremental)"
             f" = {theirs}, other ranks saved {mine}"
         )
     return dataclasses.replace(
