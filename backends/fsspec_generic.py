@@ -8,6 +8,8 @@ Without rename, an object appears under its final name when its upload completes
 marker for visibility. ``write_once`` checks for the object and then writes it with
 fsspec's ``mode="create"``; a store that does not honour that precondition leaves a race
 between two concurrent writers of the same marker (the check only catches sequential ones).
+``size`` and that check ask the store of the one object (``_file_info``): on S3 and GCS
+one request, where ``exists`` and ``isdir`` would add a listing.
 """
 
 from __future__ import annotations
@@ -207,9 +209,28 @@ class FsspecBackend(Backend):
         full = self._full(path)
         with self._translating("size", path):
             self.fs.invalidate_cache(full)
-            if self.fs.isdir(full):
-                raise IsADirectoryError(full)
-            return int(self.fs.size(full))
+            return int(self._file_info(full)["size"])
+
+    def _file_exists(self, path: str, full: str) -> bool:
+        """Whether a file (or a folder) is at ``full``: :meth:`_file_info`'s requests."""
+        with self._translating("check", path):
+            self.fs.invalidate_cache(full)
+            try:
+                self._file_info(full)
+            except FileNotFoundError:
+                return False
+            except IsADirectoryError:
+                return True
+        return True
+
+    def _file_info(self, full: str) -> dict[str, Any]:
+        """What the store says of the file ``full`` (at least its ``size``), in as few
+        requests as it allows: FileNotFoundError when there is none, IsADirectoryError
+        when ``full`` names a folder."""
+        info: dict[str, Any] = self.fs.info(full)
+        if info["type"] != "file":
+            raise IsADirectoryError(full)
+        return info
 
     def modified(self, path: str) -> float | None:
         full = self._full(path)
@@ -252,7 +273,7 @@ class FsspecBackend(Backend):
 
     def write_once(self, path: str, data: bytes) -> None:
         full = self._full(path)
-        if self.exists(path):
+        if self._file_exists(path, full):
             raise AlreadyExistsError(f"cannot create {self._where(path)}: it already exists")
         with self._translating("create", path):
             self.fs.pipe_file(full, data, mode="create")

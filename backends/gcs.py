@@ -10,9 +10,11 @@ emulator ignores that precondition, so there only the existence check protects i
 from __future__ import annotations
 
 import os
+from typing import Any
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+from fsspec.asyn import sync
 from google.auth.exceptions import GoogleAuthError
 
 from .base import Capabilities
@@ -32,3 +34,10 @@ class GCSBackend(FsspecBackend):
         "retry_timeout", "retry_initial", "retry_maximum", "retry_multiplier",
         "memmove_max_workers",
     )  # fmt: skip
+
+    def _file_info(self, full: str) -> dict[str, Any]:
+        """One GET of the object's metadata (gcsfs's ``info`` lists the prefix beside it)."""
+        info: dict[str, Any] = sync(self.fs.loop, self.fs._get_object, full)
+        if info["type"] != "file":
+            raise IsADirectoryError(full)
+        return info

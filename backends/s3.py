@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from botocore.exceptions import BotoCoreError
+from fsspec.asyn import sync
 
 from ._multipart import MultipartUpload, StreamingDownload
 from .base import Capabilities
@@ -47,11 +48,35 @@ class S3Backend(FsspecBackend):
         full = self._full(path)
         with self._translating("read", path):
             self.fs.invalidate_cache(full)
-            info = self.fs.info(full)
-            if info["type"] != "file":
-                raise IsADirectoryError(f"{self._where(path)} is a directory")
-            raw: Any = StreamingDownload(self.fs, full, int(info["size"]))
+            raw: Any = StreamingDownload(self.fs, full, int(self._file_info(full)["size"]))
         try:
             yield self._counting(raw, path)
         finally:
             raw.close()
+
+    def _file_info(self, full: str) -> dict[str, Any]:
+        """One HEAD of the object (s3fs's ``info`` lists the prefix too when none is there).
+
+        A key with objects under it but none of its own raises FileNotFoundError, not
+        IsADirectoryError: no file is there to read or size.
+        """
+        bucket, key, version = self.fs.split_path(full)
+        if not key:
+            raise IsADirectoryError(full)
+        version_arg = {"VersionId": version} if version else {}
+        head = sync(self.fs.loop, self.fs._call_s3, "head_object", Bucket=bucket, Key=key,
+                    **version_arg)  # fmt: skip
+        return {"name": full, "size": int(head["ContentLength"]), "type": "file"}
+
+    def list(self, prefix: str = "") -> list[str]:
+        """One listing of the keys under ``prefix/`` (s3fs's ``find`` asks for a HEAD and a
+        second listing when there are none, to return the object named ``prefix`` itself)."""
+        full = self._full(prefix)
+        bucket, _, key = full.partition("/")
+        with self._translating("list", prefix):
+            self.fs.invalidate_cache(full)
+            try:
+                found = self.fs.find(bucket, prefix=f"{key}/" if key else "")
+            except FileNotFoundError:
+                return []
+        return sorted(self._rel(p) for p in found if not p.endswith("/"))

@@ -128,11 +128,13 @@ def read_frame(
 
     Returns ``(head, tail)``: the bytes before the first part and after the last one. With
     ``f`` (the file, open for reading at offset 0) the header is read from it, so that a
-    streamed read goes on from there to the parts: one request fewer on an object store.
+    streamed read goes on from there to the parts, and the size is the one the open file
+    knows (its end): two requests fewer on an object store, which answered the size when
+    the file was opened.
     """
     where = Location(backend, path).url
     file = expected.files[file_index]
-    check_size(where, file.bytes, backend.size(path))
+    check_size(where, file.bytes, backend.size(path) if f is None else _size_of(f))
     ranges = [p.ranges[file_index] for p in expected.parts]
     head_end = ranges[0].offset if ranges else file.bytes
     tail_start = ranges[-1].end if ranges else file.bytes
@@ -140,6 +142,13 @@ def read_frame(
     head = backend.read_range(path, 0, head_end) if f is None else read_exact(f, head_end, where)
     check_frame(where, file, ranges, head, tail)
     return head, tail
+
+
+def _size_of(f: BinaryIO) -> int:
+    """The size of the open file ``f`` (its end), left at offset 0."""
+    size = f.seek(0, 2)
+    f.seek(0)
+    return size
 
 
 class PartReader:

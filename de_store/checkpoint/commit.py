@@ -343,10 +343,12 @@ def commit_record(backend: Backend, folder: str) -> bytes | None:
 
 
 def claimed_generation(backend: Backend, folder: str) -> int:
-    """The highest generation with a commit record or a manifest (claimed) in ``folder``."""
-    found = [latest_generation(backend, folder)]
+    """The highest generation with a commit record or a manifest (claimed) in ``folder``,
+    from one listing of it."""
+    found = [0]
     for path in _top_files(backend, folder):
-        generation = names.manifest_generation(path.rsplit("/", 1)[-1])
+        name = path.rsplit("/", 1)[-1]
+        generation = names.manifest_generation(name) or names.commit_generation(name)
         if generation is not None:
             found.append(generation)
     return max(found)
@@ -378,17 +380,25 @@ def committed_folder(backend: Backend, name: str) -> str | None:
     Normally ``name`` itself; after a crash in the middle of replacing a committed folder
     (rename strategy), the old one moved aside as ``name.replaced-*``.
     """
+    found = _committed(backend, name)
+    return found[0] if found else None
+
+
+def _committed(backend: Backend, name: str) -> tuple[str, int] | None:
+    """:func:`committed_folder` and its latest generation, each folder listed once."""
     name = name.strip("/")
-    if latest_generation(backend, name):
-        return name
+    generation = latest_generation(backend, name)
+    if generation:
+        return name, generation
     parent, _, base = name.rpartition("/")
     for path in backend.list(parent):
         rel = path[len(parent) + 1 :] if parent else path
         first = rel.split("/", 1)[0]
         if first.startswith(base + names.REPLACED_INFIX):
             folder = backend.join(parent, first)
-            if latest_generation(backend, folder):
-                return folder
+            generation = latest_generation(backend, folder)
+            if generation:
+                return folder, generation
     return None
 
 
@@ -402,13 +412,13 @@ def read_manifest(backend: Backend, name: str) -> tuple[str, Manifest]:
     CheckpointError
         The manifest is missing, truncated or altered since commit.
     """
-    folder = committed_folder(backend, name)
+    found = _committed(backend, name)
     where = Location(backend, name).url
-    if folder is None:
+    if found is None:
         raise CheckpointNotFoundError(
             f"no committed checkpoint at {where}: expected a {names.COMMIT_PREFIX}* marker there"
         )
-    generation = latest_generation(backend, folder)
+    folder, generation = found
     marker = backend.join(folder, names.commit_name(generation))
     try:
         record = parse_commit_record(backend.read_bytes(marker))

@@ -42,3 +42,28 @@ def test_create_exclusive_upload_is_enforced_by_the_server(gcs_location: Storage
     with contextlib.suppress(FileExistsError):
         backend.fs.pipe_file(backend._full("COMMITTED"), b"racer", mode="create")
     assert backend.read_bytes("COMMITTED") == b"first"
+
+
+def test_size_and_write_once_ask_for_the_one_object(
+    gcs_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gcsfs's ``info`` lists the prefix beside the object's GET; a size needs the GET only."""
+    import gcsfs
+
+    backend = gcs_location.open()
+    backend.write_bytes("ckpt/a.bin", b"abc")
+    made: list[tuple[str, str]] = []
+    call = gcsfs.GCSFileSystem._call
+
+    async def counting(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        made.append((method, path.format(*args) if "{}" in path else path))
+        return await call(self, method, path, *args, **kwargs)
+
+    monkeypatch.setattr(gcsfs.GCSFileSystem, "_call", counting)
+    assert backend.size("ckpt/a.bin") == 3
+    assert made == [("GET", "b/de-store-test/o/root/ckpt/a.bin")]
+    made.clear()
+    backend.write_once("ckpt/COMMIT", b"1")
+    assert made[0] == ("GET", "b/de-store-test/o/root/ckpt/COMMIT")
+    assert [m for m, _ in made[1:]] == ["POST"]  # the upload, no listing
+    assert backend.read_bytes("ckpt/COMMIT") == b"1"

@@ -148,3 +148,73 @@ def test_streamed_read_goes_on_after_its_connection_drops(s3_location: StorageLo
         assert f.read(MIB) == data[:MIB]
         f._raw._body.close()  # type: ignore[attr-defined]  # as a server closing an idle GET
         assert f.read(MIB) == data[MIB:]
+
+
+@pytest.fixture
+def s3_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every request s3fs makes from here on, as ``(method, key or prefix)``."""
+    import s3fs
+
+    made: list[tuple[str, str]] = []
+    call_s3 = s3fs.S3FileSystem._call_s3
+
+    async def counting(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        made.append((method, str(kwargs.get("Key", kwargs.get("Prefix", "")))))
+        return await call_s3(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    return made
+
+
+def test_size_and_write_once_ask_one_head_and_list_asks_once(
+    s3_location: StorageLocation, s3_requests: list[tuple[str, str]]
+) -> None:
+    backend = s3_location.open()
+    backend.write_bytes("ckpt/a.bin", b"abc")
+    backend.write_bytes("ckpt-10/b.bin", b"x")
+    backend.write_bytes("ckpt", b"a file beside the folder")
+    s3_requests.clear()
+    assert backend.size("ckpt/a.bin") == 3
+    assert s3_requests == [("head_object", "root/ckpt/a.bin")]
+    s3_requests.clear()
+    backend.write_once("ckpt/COMMIT", b"1")
+    assert s3_requests == [("head_object", "root/ckpt/COMMIT"), ("put_object", "root/ckpt/COMMIT")]
+    s3_requests.clear()
+    assert backend.list("ckpt") == ["ckpt/COMMIT", "ckpt/a.bin"]
+    assert backend.list("empty") == []
+    assert s3_requests == [("list_objects_v2", "root/ckpt/"), ("list_objects_v2", "root/empty/")]
+    with pytest.raises(FileNotFoundError):
+        backend.size("ckpt/missing.bin")
+
+
+def test_restore_asks_each_shard_file_once_in_the_plan_and_once_to_read(
+    s3_location: StorageLocation, s3_requests: list[tuple[str, str]]
+) -> None:
+    """The manifest's folder is listed once; each shard file is sized by one HEAD when the
+    plan checks it and one when it is opened, then read by two GETs (its footer, then its
+    header and parts in one stream); nothing lists a shard's path."""
+    import numpy as np
+    import tensorflow as tf
+
+    import de_store as ds
+
+    url, options = f"{s3_location.url}/ckpt-1", s3_location.storage_options
+    keys = np.arange(1000, dtype=np.int64)
+    values = np.random.default_rng(8).standard_normal((1000, 4)).astype(np.float32)
+    saved = ds.Variable("s3_requests_emb", dim=4)
+    saved.upsert(tf.constant(keys), tf.constant(values))
+    ds.save([saved], url, storage_options=options, blocking=True)
+    files = s3_location.open().list("ckpt-1")
+    shard_keys = [f"root/{path}" for path in files if path.endswith(".parquet")]
+    assert len(shard_keys) == 1
+    restored = ds.Variable("s3_requests_emb", dim=4)
+    s3_requests.clear()
+    ds.restore([restored], url, storage_options=options)
+    assert [r for r in s3_requests if r[0] == "list_objects_v2"] == [
+        ("list_objects_v2", "root/ckpt-1/")
+    ]
+    for key in shard_keys:
+        assert [m for m, k in s3_requests if k == key] == [
+            "head_object", "head_object", "get_object", "get_object"
+        ]  # fmt: skip
+    np.testing.assert_array_equal(restored.lookup(tf.constant(keys)).numpy(), values)
