@@ -376,8 +376,11 @@ def draw(result: dict[str, Any], path: str) -> None:
                 style,
                 marker=marker,
                 color=f"C{i}",
-                label=f"{step} (dim {dim})",
+                label=step if dim == min(markers) else None,
             )
+    for axes in (costs, memory):  # one legend entry per dim: its marker
+        for dim, marker in markers.items():
+            axes.plot([], [], marker, color="gray", label=f"dim {dim}")
     costs.set(xscale="log", yscale="log", xlabel="keys", ylabel="seconds per key")
     costs.set_title("per-key cost of each step; raw write + fsync and raw cold read dashed")
     costs.legend(fontsize=7, ncol=2)
@@ -391,7 +394,8 @@ def draw(result: dict[str, Any], path: str) -> None:
         series = sorted((p for p in points if p["dim"] == dim), key=lambda p: p["keys"])
         for name, style, color, text in figures:
             memory.plot([p["keys"] for p in series], [p[name] for p in series], style,
-                        marker=marker, color=color, label=f"{text} (dim {dim})")  # fmt: skip
+                        marker=marker, color=color,
+                        label=text if dim == min(markers) else None)  # fmt: skip
     memory.axhline(RSS_ALLOWANCE / MIB, color="C3", linestyle=":", label="bar: 512 MiB")
     memory.set(xscale="log", xlabel="keys", ylabel="MiB")
     memory.set_title("peak RSS while saving over the table's bytes")
