@@ -103,6 +103,19 @@ VALUE_DTYPES: dict[str, pa.DataType] = {
     "int64": pa.int64(),
     "int8": pa.int8(),
     "uint8": pa.uint8(),
+    "packed_int8": pa.int8(),
+    "packed_float16": pa.float16(),
+    "packed_bfloat16": pa.uint16(),
+}
+#: Packed dtype -> the dtype of its elements. A column of a packed dtype holds each row's
+#: ``width`` elements as one ``fixed_size_binary(width * element size)`` value, their
+#: little-endian bytes: Parquet then stores them at their width, where a list of int8 or
+#: uint16 would take 4 bytes an element (Parquet's smallest integer is 32 bits). Values
+#: stored at a lower precision use them (:mod:`de_store.formats.precision`).
+PACKED_DTYPES: dict[str, str] = {
+    "packed_int8": "int8",
+    "packed_float16": "float16",
+    "packed_bfloat16": "bfloat16",
 }
 #: Field metadata key holding the logical dtype.
 DTYPE_KEY = b"de_store.dtype"
@@ -148,7 +161,10 @@ def list_type(storage: pa.DataType, width: int) -> pa.DataType:
 
 def _field(name: str, dtype: str, width: int | None) -> pa.Field:
     storage = VALUE_DTYPES.get(dtype) or KEY_DTYPES[dtype]
-    type_ = storage if width is None else list_type(storage, width)
+    if dtype in PACKED_DTYPES:
+        type_ = pa.binary(storage.byte_width * (width or 1))
+    else:
+        type_ = storage if width is None else list_type(storage, width)
     return pa.field(name, type_, nullable=False, metadata={DTYPE_KEY: dtype.encode()})
 
 

@@ -21,6 +21,7 @@ from de_store.errors import FormatError
 from ._schema import (
     DTYPE_KEY,
     KEY_DTYPES,
+    PACKED_DTYPES,
     VALUE_DTYPES,
     Key,
     SchemaInfo,
@@ -53,12 +54,18 @@ def _dtype_name(array: np.ndarray) -> str:
     return str(array.dtype.name)
 
 
-def _column(name: str, array: np.ndarray, with_width: bool) -> tuple[pa.Field, pa.Array]:
-    """A numpy column ([n] or [n, w]) as an Arrow field and array, zero-copy if contiguous."""
+def _column(
+    name: str, array: np.ndarray, with_width: bool, packed: pa.DataType | None = None
+) -> tuple[pa.Field, pa.Array]:
+    """A numpy column ([n] or [n, w]) as an Arrow field and array, zero-copy if contiguous;
+    ``packed``: a ``fixed_size_binary`` type the rows' bytes are stored as."""
     dtype = _dtype_name(array)
     if dtype == "bfloat16":
         array = array.view(np.uint16)
-    if with_width:
+    if packed is not None:
+        data = pa.py_buffer(np.ascontiguousarray(array))
+        column: pa.Array = pa.Array.from_buffers(packed, len(array), [None, data])
+    elif with_width:
         flat = np.ascontiguousarray(array).reshape(-1)
         element = pa.array(flat)
         column: pa.Array = pa.FixedSizeListArray.from_arrays(
@@ -80,8 +87,10 @@ def batch_from_numpy(
     """Build a batch from ``keys [n]``, ``values [n, dim]`` and extra columns.
 
     Numeric arrays that are C-contiguous are wrapped without copying. An extra column of
-    shape ``[n, w]`` becomes a ``fixed_size_list`` column, one of shape ``[n]`` a scalar one.
-    Every field's metadata records its logical dtype (``de_store.dtype``).
+    shape ``[n, w]`` becomes a ``fixed_size_list`` column, one of shape ``[n]`` a scalar one;
+    a column that ``schema`` types ``fixed_size_binary`` holds each row's bytes (a packed
+    dtype, see ``_schema.PACKED_DTYPES``). Every field's metadata records its logical dtype
+    (``de_store.dtype``).
 
     Parameters
     ----------
@@ -98,20 +107,47 @@ def batch_from_numpy(
         raise ValueError(
             f"values must be [n, dim] with n = len(keys) = {len(keys)}, got {values.shape}"
         )
-    columns = [_column("key", keys, False), _column("value", values, True)]
+    packed = _packed_types(schema)
+    columns = [_column("key", keys, False), _column("value", values, True, packed.get("value"))]
     for name, array in (extras or {}).items():
         if len(array) != len(keys):
             raise ValueError(f"extra column {name!r} has {len(array)} rows, keys have {len(keys)}")
-        columns.append(_column(name, array, array.ndim == 2))
+        columns.append(_column(name, array, array.ndim == 2, packed.get(name)))
     arrays = [array for _, array in columns]
     if schema is None:
         schema = pa.schema([field for field, _ in columns])
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def _packed_types(schema: pa.Schema | None) -> dict[str, pa.DataType]:
+    """The ``fixed_size_binary`` columns of ``schema`` by name (packed rows)."""
+    if schema is None:
+        return {}
+    return {f.name: f.type for f in schema if pa.types.is_fixed_size_binary(f.type)}
+
+
+def packed_to_numpy(array: pa.Array, dtype: str) -> np.ndarray:
+    """A ``fixed_size_binary`` column of rows packed as ``dtype`` elements, as numpy
+    ``[n, w]`` (zero-copy; bfloat16 as ``ml_dtypes.bfloat16``)."""
+    element = np.dtype("<u2" if dtype == "bfloat16" else dtype).newbyteorder("<")
+    width = array.type.byte_width // element.itemsize
+    data = array.buffers()[1]
+    start = array.offset * array.type.byte_width
+    out = np.frombuffer(data, element, count=len(array) * width, offset=start)
+    out = out.reshape(len(array), width)
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        out = out.view(ml_dtypes.bfloat16)
+    return out
+
+
 def column_to_numpy(array: pa.Array, field: pa.Field) -> np.ndarray:
-    """One column as numpy: ``[n]`` or ``[n, w]`` for ``fixed_size_list``; bfloat16 restored."""
+    """One column as numpy: ``[n]`` or ``[n, w]`` for ``fixed_size_list`` and packed rows;
+    bfloat16 restored."""
     logical = (field.metadata or {}).get(DTYPE_KEY, b"").decode()
+    if logical in PACKED_DTYPES:
+        return packed_to_numpy(array, PACKED_DTYPES[logical])
     if pa.types.is_fixed_size_list(array.type):
         width = array.type.list_size
         flat = array.flatten().to_numpy(zero_copy_only=False)

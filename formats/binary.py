@@ -26,6 +26,7 @@ import pyarrow as pa
 from de_store.backends.location import Location
 from de_store.errors import FormatError
 
+from ._schema import PACKED_DTYPES
 from ._shard import (
     PartReader,
     map_ahead,
@@ -45,7 +46,9 @@ VALUES_SUFFIX = "-values"
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """Little-endian numpy dtype for a de_store dtype name (bfloat16 as its uint16 bits)."""
+    """Little-endian numpy dtype for a de_store dtype name (bfloat16 as its uint16 bits; a
+    packed dtype as its elements')."""
+    name = PACKED_DTYPES.get(name, name)
     return np.dtype("<u2" if name == "bfloat16" else name).newbyteorder("<")
 
 
@@ -78,7 +81,11 @@ def check_storable(schema_info: SchemaInfo, where: str) -> None:
 
 
 def _raw(array: pa.Array, dtype: np.dtype) -> np.ndarray:
-    """The values of a numeric (or fixed_size_list) Arrow array as little-endian numpy."""
+    """The values of a numeric (fixed_size_list, or packed rows) Arrow array as
+    little-endian numpy."""
+    if pa.types.is_fixed_size_binary(array.type):
+        start, length = array.offset * array.type.byte_width, len(array) * array.type.byte_width
+        return np.frombuffer(array.buffers()[1], np.uint8, count=length, offset=start)
     if pa.types.is_fixed_size_list(array.type):
         array = array.flatten()
     return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)

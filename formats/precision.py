@@ -45,8 +45,9 @@ _FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 def stored_dtype(precision: str) -> str:
-    """The dtype of the stored ``value`` column at ``precision``."""
-    return precision
+    """The dtype of the stored ``value`` column at ``precision``: its rows packed, each a
+    ``fixed_size_binary`` of its elements' bytes (see ``_schema.PACKED_DTYPES``)."""
+    return f"packed_{precision}"
 
 
 def scale_columns(precision: str | None) -> tuple[ExtraColumn, ...]:

@@ -55,7 +55,9 @@ def schema_info(rows: VariableRows, shard_id: int, precision: str | None = None)
         name=rows.name,
         dim=rows.dim,
         key_dtype=rows.key_dtype,
-        value_dtype=rows.value_dtype if precision is None else precision,
+        value_dtype=rows.value_dtype
+        if precision is None
+        else value_precisions.stored_dtype(precision),
         shard_id=shard_id,
         extras=extras,
     )
@@ -295,7 +297,7 @@ def entry_for(
     with, and the columns as stored where they differ from the variable's."""
     stored: dict[str, ColumnSpec] = {}
     if value_precision is not None:
-        stored[VALUE_COLUMN] = ColumnSpec(value_precision, rows.dim)
+        stored[VALUE_COLUMN] = ColumnSpec(value_precisions.stored_dtype(value_precision), rows.dim)
         stored.update(
             (c.name, ColumnSpec(c.dtype, c.width or 1))
             for c in value_precisions.scale_columns(value_precision)

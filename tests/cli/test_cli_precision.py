@@ -60,7 +60,7 @@ def test_inspect_shows_compression_and_precision(
     assert (var["compression"], var["compression_level"], var["value_precision"]) == (
         "zstd", None, "int8")  # fmt: skip
     assert var["stored_columns"] == {
-        "value": {"dtype": "int8", "dim": DIM},
+        "value": {"dtype": "packed_int8", "dim": DIM},
         "value_scale": {"dtype": "float16", "dim": 1},
     }
 

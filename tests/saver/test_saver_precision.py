@@ -72,7 +72,7 @@ def test_16_bit_values_equal_tf_cast(
     assert companion_content(back, "adam_m") == companion_content(var, "adam_m")  # exact
     entry = manifest_of(url)["variables"]["emb"]
     assert entry["value_precision"] == precision
-    assert entry["stored_columns"] == {"value": {"dim": 4, "dtype": precision}}
+    assert entry["stored_columns"] == {"value": {"dim": 4, "dtype": f"packed_{precision}"}}
     assert [s["value_precision"] for s in entry["shards"]] == [precision]
 
 
@@ -96,7 +96,7 @@ def test_int8_within_its_bound_and_exact_where_representable(tmp_path: Path) -> 
     assert 0 < np.abs(got[3:] - values[3:]).max() < 0.02
     entry = manifest_of(url)["variables"]["emb"]
     assert entry["stored_columns"] == {
-        "value": {"dim": 16, "dtype": "int8"},
+        "value": {"dim": 16, "dtype": "packed_int8"},
         SCALE_COLUMN: {"dim": 1, "dtype": "float16"},
     }
     assert entry["columns"]["value"] == {"dim": 16, "dtype": "float32"}

@@ -1,0 +1,242 @@
+"""Bytes, save and restore time, and error of each shard compression and value precision.
+
+One float32 table (``--keys`` x ``--dim``, default 1M x 16) is saved with ``de_store.save``
+into a local temporary folder in the default format (``--format``, parquet) once per
+variant: float32 uncompressed (the reference), zstd and lz4; bfloat16, float16 and int8
+values, each uncompressed and with zstd. For each variant it prints:
+
+* ``value_bytes``: the bytes of the value column (int8: with its float16 scales), apart
+  from the key bytes (Parquet: the column chunks' sizes in the file's metadata; Arrow:
+  the shard's bytes less those of a file of its keys alone, written the same way);
+  ``key_bytes`` and ``total_bytes`` (every shard file);
+* ``save_s``: the best of ``--repeat`` blocking saves (snapshot, write, fsync, commit);
+* ``restore_s``: ``de_store.restore`` in a fresh process, the files evicted from the page
+  cache first, after one untimed restore of the reference in that process (so every
+  variant finds the table kernels traced);
+* ``max_abs_error`` / ``mean_abs_error``: of every restored value against the saved one.
+
+Ratios are against the float32 uncompressed save of the same run. Targets (issue 37): a
+zstd save at 0.8x or more of the uncompressed save's speed, bfloat16 values in half the
+bytes, int8 values in at most 0.3x.
+
+The rows stand in for trained embeddings (not constant rows): each row is a correlated
+Gaussian (standard normals times a random ``dim x dim`` mixing matrix, so dims co-vary as
+trained ones do), scaled by a row norm drawn log-normally (median 0.05, sigma 1: rows of
+frequent ids move far from their initial values, rare ones stay near them, about two
+decades apart). Keys are unique int64 spread over the whole range.
+
+    python benchmarks/bytes_bench.py --keys 1000000 --dim 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness as harness
+
+#: name -> (compression, value_precision); the first is the reference.
+VARIANTS: dict[str, tuple[str, str | None]] = {
+    "float32": ("none", None),
+    "float32_zstd": ("zstd", None),
+    "float32_lz4": ("lz4", None),
+    "bfloat16": ("none", "bfloat16"),
+    "bfloat16_zstd": ("zstd", "bfloat16"),
+    "float16": ("none", "float16"),
+    "float16_zstd": ("zstd", "float16"),
+    "int8": ("none", "int8"),
+    "int8_zstd": ("zstd", "int8"),
+}
+REFERENCE = "float32"
+
+
+def trained_like_rows(keys: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and rows standing in for trained embeddings (see the module's docstring)."""
+    rng = np.random.default_rng(harness.SEED)
+    ids = np.arange(keys, dtype=np.int64) * np.int64(-7046029254386353131)
+    mixing = (rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32)
+    norms = np.exp(rng.normal(np.log(0.05), 1.0, (keys, 1))).astype(np.float32)
+    values = rng.standard_normal((keys, dim), dtype=np.float32) @ mixing
+    return ids, values * norms
+
+
+def make_variable(tf: Any, de_store: Any, args: argparse.Namespace) -> Any:
+    return de_store.get_variable(
+        "embedding", key_dtype=tf.int64, value_dtype=tf.float32, dim=args.dim,
+        init_size=args.keys, kv_creator=de_store.HashTableCreator(),
+    )  # fmt: skip
+
+
+# --- phase: save (every variant, one process) ------------------------------------------
+def phase_save(args: argparse.Namespace) -> None:
+    import tensorflow as tf
+
+    import de_store
+
+    variable = make_variable(tf, de_store, args)
+    keys, values = trained_like_rows(args.keys, args.dim)
+    variable.upsert(keys, values)
+    out: dict[str, Any] = {}
+    for name, (compression, precision) in VARIANTS.items():
+        times = []
+        for attempt in range(args.repeat):
+            url = os.path.join(args.dir, name if attempt == 0 else f"{name}-again")
+            seconds, _ = harness.timed(lambda url=url, c=compression, p=precision: de_store.save(
+                [variable], url, blocking=True, format=args.format, compression=c,
+                value_precision=p))  # fmt: skip
+            times.append(seconds)
+            if attempt:
+                shutil.rmtree(url)
+        out[name] = {"save_s": min(times), **shard_bytes(os.path.join(args.dir, name), args)}
+    harness.emit(out)
+
+
+def shard_bytes(url: str, args: argparse.Namespace) -> dict[str, int]:
+    """``total_bytes`` of a checkpoint's shard files, and their ``key_bytes`` and
+    ``value_bytes`` (see the module's docstring)."""
+    (manifest,) = [f for f in os.listdir(url) if f.startswith("manifest-")]
+    with open(os.path.join(url, manifest)) as f:
+        entry = json.load(f)["variables"]["embedding"]
+    paths = [
+        os.path.join(url, file["path"]) for s in entry["shards"] for file in s["info"]["files"]
+    ]
+    total = sum(os.path.getsize(p) for p in paths)
+    key = sum(_key_bytes(p, args.format, entry.get("compression", "none")) for p in paths)
+    if args.format == "parquet":
+        value = sum(_parquet_column_bytes(p, ("value", "value_scale")) for p in paths)
+    else:
+        value = total - key
+    return {"total_bytes": total, "key_bytes": key, "value_bytes": value}
+
+
+def _parquet_column_bytes(path: str, columns: tuple[str, ...]) -> int:
+    import pyarrow.parquet as pq
+
+    metadata = pq.ParquetFile(path).metadata
+    total = 0
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for j in range(row_group.num_columns):
+            chunk = row_group.column(j)
+            if chunk.path_in_schema.split(".")[0] in columns:
+                total += chunk.total_compressed_size
+    return total
+
+
+def _key_bytes(path: str, format_name: str, compression: str) -> int:
+    """The bytes of the key column of a shard: Parquet's column chunks; for Arrow, a file
+    of the shard's keys alone, written with the same codec and record batches."""
+    if format_name == "parquet":
+        return _parquet_column_bytes(path, ("key",))
+    import pyarrow as pa
+
+    reader = pa.ipc.open_file(pa.memory_map(path))
+    codec = None if compression == "none" else compression
+    sink = pa.BufferOutputStream()
+    schema = pa.schema([reader.schema.field("key")])
+    with pa.ipc.new_file(sink, schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as w:
+        for i in range(reader.num_record_batches):
+            w.write_batch(reader.get_batch(i).select(["key"]))
+    return int(sink.getvalue().size)
+
+
+# --- phase: restore (a fresh process) ---------------------------------------------------
+def phase_restore(args: argparse.Namespace) -> None:
+    import tensorflow as tf
+
+    import de_store
+
+    variable = make_variable(tf, de_store, args)
+    de_store.restore([variable], os.path.join(args.dir, REFERENCE))  # traces the kernels
+    harness.drop_cache(os.path.join(args.dir, args.variant))
+    url = os.path.join(args.dir, args.variant)
+    seconds, _ = harness.timed(lambda: de_store.restore([variable], url))
+    keys, values = trained_like_rows(args.keys, args.dim)
+    found, exists = variable.lookup(keys, return_exists=True)
+    error = np.abs(found.numpy() - values)
+    harness.emit({
+        "restore_s": seconds,
+        "restored_all": bool(np.all(exists.numpy())) and int(variable.size()) == args.keys,
+        "max_abs_error": float(error.max()),
+        "mean_abs_error": float(error.mean()),
+    })  # fmt: skip
+
+
+# --- driver -----------------------------------------------------------------------------
+def run_phase(args: argparse.Namespace, phase: str, variant: str = REFERENCE) -> dict[str, Any]:
+    options = ["--keys", str(args.keys), "--dim", str(args.dim), "--format", args.format]
+    options += ["--dir", args.dir, "--variant", variant, "--repeat", str(args.repeat)]
+    cache = {"DE_STORE_CACHE_DIR": os.path.join(args.dir, "cache")}
+    return harness.run_phase(__file__, phase, options, env=cache)
+
+
+def ratios(result: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each variant against the float32 uncompressed save of the same run."""
+    ref = result[REFERENCE]
+    return {
+        name: {
+            "value_bytes": r["value_bytes"] / ref["value_bytes"],
+            "total_bytes": r["total_bytes"] / ref["total_bytes"],
+            "save_speed": ref["save_s"] / r["save_s"],
+            "restore_speed": ref["restore_s"] / r["restore_s"],
+        }
+        for name, r in result.items()
+    }
+
+
+def print_table(result: dict[str, dict[str, Any]], rel: dict[str, dict[str, float]]) -> None:
+    print(f"{'variant':14} {'value MB':>9} {'x f32':>6} {'key MB':>7} {'save s':>7} "
+          f"{'speed':>6} {'restore s':>9} {'speed':>6} {'max err':>9} {'mean err':>9}")  # fmt: skip
+    for name, r in result.items():
+        x = rel[name]
+        print(f"{name:14} {r['value_bytes'] / 1e6:9.2f} {x['value_bytes']:6.3f} "
+              f"{r['key_bytes'] / 1e6:7.2f} {r['save_s']:7.3f} {x['save_speed']:6.2f} "
+              f"{r['restore_s']:9.3f} {x['restore_speed']:6.2f} {r['max_abs_error']:9.2e} "
+              f"{r['mean_abs_error']:9.2e}", flush=True)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--format", default="parquet", choices=["parquet", "arrow"])
+    parser.add_argument("--repeat", type=int, default=3, help="saves per variant (the best)")
+    parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default=REFERENCE, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase is not None:
+        {"save": phase_save, "restore": phase_restore}[args.phase](args)
+        return
+    args.dir = tempfile.mkdtemp(prefix="de_store_bytes_bench_", dir="/tmp")
+    try:
+        result: dict[str, dict[str, Any]] = run_phase(args, "save")
+        for name in VARIANTS:
+            result[name].update(run_phase(args, "restore", name))
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    rel = ratios(result)
+    print_table(result, rel)
+    targets = {
+        "zstd_save_speed": rel["float32_zstd"]["save_speed"],
+        "bfloat16_value_bytes": rel["bfloat16"]["value_bytes"],
+        "int8_value_bytes": rel["int8"]["value_bytes"],
+    }
+    summary = {"keys": args.keys, "dim": args.dim, "format": args.format, "targets": targets,
+               "targets_met": {"zstd_save_speed": targets["zstd_save_speed"] >= 0.8,
+                               "bfloat16_value_bytes": targets["bfloat16_value_bytes"] <= 0.5,
+                               "int8_value_bytes": targets["int8_value_bytes"] <= 0.3},
+               "variants": result, "ratios": rel}  # fmt: skip
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()
