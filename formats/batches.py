@@ -68,7 +68,7 @@ def _column(
     elif with_width:
         flat = np.ascontiguousarray(array).reshape(-1)
         element = pa.array(flat)
-        column: pa.Array = pa.FixedSizeListArray.from_arrays(
+        column = pa.FixedSizeListArray.from_arrays(
             element, type=list_type(element.type, array.shape[1])
         )
     else:
