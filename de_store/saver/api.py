@@ -92,8 +92,9 @@ def save(
         it is to be replaced atomically.
     saver:
         A ``FileSystemSaver`` for topology and IO options, or give its keyword arguments
-        (``proc_size``, ``proc_rank``, ``format``, ``buffer_size``, ``storage_options``,
-        ``barrier``, ``barrier_timeout_s``, ``incremental``, ...) directly. With
+        (``proc_size``, ``proc_rank``, ``format``, ``compression``, ``value_precision``,
+        ``buffer_size``, ``storage_options``, ``barrier``, ``barrier_timeout_s``,
+        ``incremental``, ...) directly. With
         ``incremental`` a save may be a delta on the variables' last committed checkpoint
         (a sibling folder of ``url``); it first waits for the previous save to finish, so
         that every rank decides on the same committed checkpoint.
