@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from de_store.checkpoint.manifest import manifest_from_json
 from de_store.compaction import compact
 from de_store.errors import CheckpointError
 from de_store.formats.precision import SCALE_COLUMN, error_bound
+from de_store.saver import device_restore
 
 COMPRESSED = [("parquet", "zstd"), ("parquet", "lz4"), ("arrow", "zstd"), ("arrow", "lz4")]
 
@@ -76,7 +78,8 @@ def test_16_bit_values_equal_tf_cast(
     assert [s["value_precision"] for s in entry["shards"]] == [precision]
 
 
-def test_int8_within_its_bound_and_exact_where_representable(tmp_path: Path) -> None:
+@pytest.mark.parametrize("format", ["parquet", "binary"])
+def test_int8_within_its_bound_and_exact_where_representable(tmp_path: Path, format: str) -> None:
     var = make_variable("emb", None, dim=16, shards=2)
     keys, values = fill(var, 500)
     values[1] = 0.0  # a row of zeros: scale 0
@@ -85,7 +88,9 @@ def test_int8_within_its_bound_and_exact_where_representable(tmp_path: Path) -> 
     values[3] = 1e-9 * np.arange(16)  # past float16's normal range: a subnormal scale
     var.upsert(keys[:4], values[:4])
     url = str(tmp_path / "ckpt")
-    ds.save([var], url, blocking=True, value_precision="int8", compression="zstd")
+    compression = "zstd" if format == "parquet" else "none"
+    ds.save([var], url, blocking=True, format=format, value_precision="int8",
+            compression=compression)  # fmt: skip
 
     got = rows_in_key_order(restored(url, dim=16), keys)
     scale = (np.abs(values).max(axis=1) / np.float32(127)).astype(np.float16)
@@ -194,3 +199,20 @@ def test_values_a_precision_cannot_hold_are_refused(
         ds.save([var], str(tmp_path / "ckpt"), blocking=True, value_precision=precision)
     assert str(err.value) == f"variable 'emb': the row of key 8 {message}"
     assert not (tmp_path / "ckpt" / "manifest-000001.json").exists()
+
+
+def test_a_restore_into_ps_tasks_reads_other_precisions_through_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(device_restore, "_is_remote", lambda device: True)  # as PS tasks'
+    var = make_variable("emb", None, shards=2)
+    keys, values = fill(var, 1000)
+    url = str(tmp_path / "ckpt-1")
+    ds.save([var], url, blocking=True, format="binary", bucketed=True, value_precision="float16")
+    with caplog.at_level(logging.INFO, logger="de_store"):
+        back = restored(url)
+    expected = values.astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(rows_in_key_order(back, keys), expected)
+    assert f"{url} stores values at float16; the tasks read them at the variable's dtype " in (
+        caplog.text
+    )
