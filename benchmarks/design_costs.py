@@ -46,7 +46,6 @@ import contextlib
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -234,14 +233,11 @@ def insert_phase(batch: int, dim: int, grappler: bool) -> None:
 
 def first_insert(dim: int, batch: int, repeat: int) -> dict[str, dict[str, float]]:
     """The insert phase in fresh processes, ``repeat`` rounds each with a new cache folder."""
-    # the parent's ``TF_XLA_FLAGS`` names its own XLA cache (set when de_store was imported)
-    flags = os.environ.get("TF_XLA_FLAGS", "")
-    flags = re.sub(r"\s*--tf_xla_persistent_cache_directory=\S+", "", flags)
     options = ["--dim", str(dim), "--batch", str(batch)]
     rounds = []
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="de_store_cache_") as cache:
-            env = {"DE_STORE_CACHE_DIR": cache, "TF_XLA_FLAGS": flags}
+            env = {"DE_STORE_CACHE_DIR": cache}
             runs = {
                 name: run_phase(__file__, "insert", options + extra, env=env)
                 for extra, name in RUNS

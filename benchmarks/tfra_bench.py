@@ -16,12 +16,12 @@ the page cache was dropped:
   ``tf.fill`` allocating and first touching as many bytes as the restored table holds:
   with ``raw_read_s``, the floor this machine sets a fresh-process restore.
 
-de_store keeps its traced kernels and XLA executables in a cache directory (see
-``de_store._cache``); here it is one the run starts empty. The first round's de_store
-processes find it empty: ``de_store_{fill,first_upsert,save,restore}_cold_cache_s`` are
-those processes' figures (every trace and XLA compile paid, as by the first process on a
-machine after an install or upgrade). The later rounds find what the earlier processes
-left, as every later process on a machine does.
+de_store keeps its traced kernels in a cache directory (see ``de_store._cache``); here
+it is one the run starts empty. The first round's de_store processes find it empty:
+``de_store_{fill,first_upsert,save,restore}_cold_cache_s`` are those processes' figures
+(every trace paid, as by the first process in a new container). XLA compiles are never
+kept across processes: every process pays them, in the background. The later rounds
+find what the earlier processes left, as every later process on a machine does.
 
 ``{side}_{step}_cpu_s`` is the CPU time of the step's process (every thread), which other
 load on a shared machine changes less than the wall-clock time. The sides run in turn for

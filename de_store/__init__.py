@@ -18,7 +18,6 @@ try:
 except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
     __version__ = "0+unknown"
 
-from de_store._cache import use_xla_cache as _use_xla_cache
 from de_store.errors import (
     AlreadyExistsError,
     BackendError,
@@ -42,8 +41,6 @@ from de_store.errors import (
     UnknownProtocolError,
     VariableError,
 )
-
-_use_xla_cache()  # before TensorFlow's runtime starts: it reads TF_XLA_FLAGS once
 
 if TYPE_CHECKING:
     from de_store._variable_args import InvalidValuesError

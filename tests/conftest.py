@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-# The kernel and XLA caches of this test session, fresh each run (the processes that tests
+# The kernel cache of this test session, fresh each run (the processes that tests
 # start inherit it): the first use of a kernel traces it, later processes load it.
 _CACHE_DIR = os.environ["DE_STORE_CACHE_DIR"] = tempfile.mkdtemp(prefix="de_store_test_cache_")
 

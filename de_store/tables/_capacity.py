@@ -115,7 +115,7 @@ class CapacityOps(ProbeOps):
             target = t.num_keys + incoming + ahead
             new_capacity = tf.while_loop(
                 lambda c: tf.cast(c, tf.float64) * t.max_load_factor < tf.cast(target, tf.float64),
-                lambda c: c * 2,
+                lambda c: [c * 2],  # a list, as the loop variables: eager loops need one
                 [capacity],
             )[0]
             self.rehash(new_capacity)

@@ -9,6 +9,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from de_store.tables import _xla
 from de_store.tables._index import CHUNK, race_from
 from de_store.tables._types import View
 from de_store.tables._variables import count as _count
@@ -23,6 +24,9 @@ def probe_rounds(body: Any, columns: list[tf.Tensor]) -> tuple[tf.Tensor, tf.Ten
     it resolved to ``found`` and their ``(slot, row)`` to ``found_at``, and returns the
     arguments of the next round, for the keys left.
     """
+    if tf.executing_eagerly() and int(_count(columns[0])) == 0:  # an eager array of none
+        none = tf.zeros([0], tf.int64)  # cannot concat
+        return none, none
     found, found_at = (
         tf.TensorArray(tf.int64, size=0, dynamic_size=True, infer_shape=False, element_shape=shape)
         for shape in ([None], [None, 2])
@@ -59,8 +63,9 @@ def race_chunks(
 
     def body(j: tf.Tensor, counts: tf.Tensor, *outs: tf.TensorArray) -> tuple[Any, ...]:
         at = tf.cast(j, tf.int64) * CHUNK
-        *got, more = race(
-            t.index.handle,
+        *got, more = _xla.call(
+            race,
+            t.index,
             keys[at : at + CHUNK],
             tokens[at : at + CHUNK],
             tf.minimum(n - at, CHUNK),

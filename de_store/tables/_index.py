@@ -10,6 +10,7 @@ import math
 
 import tensorflow as tf
 from tensorflow.python.framework import cpp_shape_inference_pb2
+from tensorflow.python.framework.ops import EagerTensor
 from tensorflow.python.ops import resource_variable_ops
 
 from de_store.tables._variables import variable_length
@@ -107,7 +108,8 @@ def handle_variable(handle: tf.Tensor, spec: tf.TensorSpec) -> tf.Variable:
     """
     data = cpp_shape_inference_pb2.CppShapeInferenceResult.HandleData(is_set=True)
     data.shape_and_type.add(shape=spec.shape.as_proto(), dtype=spec.dtype.as_datatype_enum)
-    resource_variable_ops._set_handle_shapes_and_types(handle, data, graph_mode=True)
+    graph_mode = not isinstance(handle, EagerTensor)  # an eager handle keeps its own data
+    resource_variable_ops._set_handle_shapes_and_types(handle, data, graph_mode=graph_mode)
     return resource_variable_ops.BaseResourceVariable(
         handle=handle, dtype=spec.dtype, shape=spec.shape, trainable=False, in_graph_mode=False
     )
@@ -189,6 +191,7 @@ def _first_race(
     start: tf.Tensor | None = None,
     *,
     serial: bool,
+    compiled: bool = True,
 ) -> tuple[tf.Tensor, ...]:
     """:func:`first_probes`, then one race of the first ``count`` keys that stopped at an
     empty slot for it, with ``(key, token)`` entries, all in one XLA computation. Probes
@@ -203,7 +206,9 @@ def _first_race(
     ``counts``, how many of the first ``count`` keys won and were found. The writes of the keys
     that take no part go out of bounds, which XLA's scatter skips. Unless ``serial``
     (one writer after another, as on a CPU), the winners write their entries once more:
-    a parallel scatter may mix the columns of two writers.
+    a parallel scatter may mix the columns of two writers. Not ``compiled`` (the same
+    rounds as TensorFlow ops, :data:`plain`), only the writers' entries are scattered:
+    TensorFlow's scatter refuses an index out of bounds.
     """
     index = handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
     rounds = COMPILED_ROUNDS if start is None else CHUNK_ROUNDS
@@ -212,11 +217,19 @@ def _first_race(
     real = tf.range(tf.size(keys, out_type=tf.int64)) < count
     claim = tf.logical_and(real, tf.logical_and(stop >= 0, rows < 0))
     entries = tf.stack([keys, tokens], 1)
-    index.scatter_update(tf.IndexedSlices(entries, tf.where(claim, stop, capacity)))
+
+    def write(writers: tf.Tensor) -> None:
+        if compiled:
+            index.scatter_update(tf.IndexedSlices(entries, tf.where(writers, stop, capacity)))
+        else:
+            at = tf.where(writers)[:, 0]
+            index.scatter_update(tf.IndexedSlices(tf.gather(entries, at), tf.gather(stop, at)))
+
+    write(claim)
     seen = tf.gather(index, tf.where(claim, stop, 0))[:, 1]
     won = tf.logical_and(claim, tf.equal(seen, tokens))
     if not serial:
-        index.scatter_update(tf.IndexedSlices(entries, tf.where(won, stop, capacity)))
+        write(won)
     found = tf.logical_and(real, rows >= 0)
     resolved = tf.logical_or(tf.logical_or(found, won), tf.logical_not(real))
     start = tf.where(resolved, tf.constant(-1, tf.int64), tf.where(stop >= 0, stop, pos))
@@ -260,6 +273,18 @@ race_from = {
         input_signature=[*_RACE_SIGNATURE, tf.TensorSpec([None], tf.int64)],
     )
     for serial in (True, False)
+}
+
+
+#: The Python functions of the compiled rounds, run as TensorFlow ops: what an eager bulk
+#: call runs while XLA compiles its shape (:mod:`._xla`).
+plain = {
+    first_probes: first_probes.python_function,
+    **{
+        race[serial]: functools.partial(_first_race, serial=serial, compiled=False)
+        for race in (first_race, race_from)
+        for serial in (True, False)
+    },
 }
 
 

@@ -16,11 +16,8 @@ cannot be read or does not match its checksum is ignored (the kernel is traced, 
 entry written anew). Entries are written to a temporary file and renamed, so a reader
 never sees half of one.
 
-XLA compiles are kept by TensorFlow's persistent XLA cache, pointed into the same
-directory when ``de_store`` is imported (:mod:`de_store._cache`).
-
 The directory is ``$DE_STORE_CACHE_DIR`` (default ``~/.cache/de_store``, under
-``$XDG_CACHE_HOME`` when set); ``DE_STORE_CACHE_DIR=off`` turns both caches off. Nothing
+``$XDG_CACHE_HOME`` when set); ``DE_STORE_CACHE_DIR=off`` turns the cache off. Nothing
 in it is ever needed: deleting it costs the next process its traces and compiles.
 """
 
@@ -169,8 +166,8 @@ def _renamed(library: function_pb2.FunctionDefLibrary) -> dict[str, str]:
 
     A function's name is a digest of its definition with its callees renamed first, so a
     function that several kernels call (a compiled probe round) has one name in all of
-    their entries, in every process: XLA compiles it once for all of them, and TensorFlow's
-    XLA cache (keyed by the function's name) serves every process.
+    their entries, in every process: XLA, which keys its compiles by function name,
+    compiles it once for all of them.
     """
     by_name = {f.signature.name: f for f in library.function}
     names: dict[str, str] = {}

@@ -8,6 +8,7 @@ the variables it is given, holding the table's mutex (:mod:`._locking`).
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import tensorflow as tf
@@ -20,6 +21,23 @@ from de_store.tables._table_ops import TableOps
 from de_store.tables._types import Config, State, View
 
 __all__ = ["Config", "Kernels", "State", "View", "kernels_for"]
+
+
+#: Kernels whose eager calls run op by op from this many keys on (see
+#: :meth:`Kernels._runs_op_by_op`).
+OP_BY_OP_MIN_KEYS = 1 << 16
+OP_BY_OP_KEYED = frozenset(
+    ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
+)
+#: Kernels whose eager calls always run op by op: each is a bulk step of a save or a
+#: restore, called once.
+OP_BY_OP_ALWAYS = frozenset(["snapshot", "export_all", "export_changes", "prepare", "compile_load"])
+
+#: Held by every op-by-op call, so that no two threads run one at once: TensorFlow 2.21's
+#: eager strided slices on a device other than the default one, run by two threads at
+#: once, may each be given the other's bounds (an ``InvalidArgumentError``), and the
+#: tables of a variable sharded over devices run there. Traced kernels need no such lock.
+_OP_BY_OP = threading.Lock()
 
 
 class Kernels:
@@ -55,11 +73,42 @@ class Kernels:
         ``tf.compat.v1`` graph, a kernel without outputs returns the operations its call
         added, grouped: what ``Session.run`` fetches to run it.
         """
+        if tf.executing_eagerly() and self._runs_op_by_op(name, args):
+            return self._op_by_op(name, mutex, state, args)
         handles = tuple(v.handle for v in state)
         if tf.executing_eagerly():
             with unoptimized_calls():
                 return self._eager(name)(mutex, *handles, *args)
         return with_graph_op(lambda: getattr(self, name)(mutex, handles, *args))
+
+    def _runs_op_by_op(self, name: str, args: tuple[Any, ...]) -> bool:
+        """Whether an eager call runs its ops one by one instead of as the traced kernel:
+        bulk calls (see :data:`OP_BY_OP`), whose ops each take long enough that running
+        them from Python costs little, and which a new process would otherwise first
+        trace (an insert: about 0.5 s). A fixed-shape table's kernels check room first:
+        always traced."""
+        if self.config.fixed_shapes:
+            return False
+        if name in OP_BY_OP_ALWAYS:
+            return True
+        if name not in OP_BY_OP_KEYED or not args:
+            return False
+        keys = args[0]
+        length = keys.shape[0] if hasattr(keys, "shape") and keys.shape.rank else None
+        return length is not None and length >= OP_BY_OP_MIN_KEYS
+
+    def _op_by_op(self, name: str, mutex: tf.Tensor, state: State, args: tuple[Any, ...]) -> Any:
+        """Kernel ``name``'s ops run eagerly over the table's variables, holding the lock
+        from the first op to the last; its compiled probe rounds compile in the background
+        (:mod:`._xla`)."""
+        specs = tf.nest.flatten(getattr(self, name).input_signature)[1 + len(State._fields) :]
+        args = tuple(tf.convert_to_tensor(x, s.dtype) for x, s in zip(args, specs, strict=True))
+        with _OP_BY_OP:
+            lock = tf.raw_ops.MutexLock(mutex=mutex) if self.config.locked else None
+            try:
+                return getattr(TableOps(View(self.config, state)), name)(*args)
+            finally:
+                del lock  # released with the last reference to its tensor
 
     def _eager(self, name: str) -> Any:
         """Kernel ``name`` for eager calls, taking its inputs flat: from the kernel cache
@@ -71,8 +120,7 @@ class Kernels:
         specs = tf.nest.flatten(function.input_signature)
         kernel = _kernel_cache.load(self.config, name)
         if kernel is None:
-            # Run as stored: this process's XLA compiles then carry the function names
-            # later processes see, and TensorFlow's XLA cache serves those.
+            # Run as stored: the functions have the names later processes see.
             concrete = function.get_concrete_function()
             kernel = _kernel_cache.store(self.config, name, concrete) or self._traced(function)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from de_store.tables import _xla
 from de_store.tables._claim_loop import claim_loop, probe_rounds
 from de_store.tables._index import (
     COMPILED_MIN_KEYS,
@@ -68,7 +69,7 @@ class ProbeOps:
     def _first_probes(self, keys: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """:func:`first_probes` on the batch padded to its size class (few XLA shapes)."""
         n = _count(keys)
-        return tuple(x[:n] for x in first_probes(self.t.index.handle, *padded(n, keys)))
+        return tuple(x[:n] for x in _xla.call(first_probes, self.t.index, *padded(n, keys)))
 
     def find_or_claim(self, keys: tf.Tensor, base: tf.Tensor) -> Claims:
         """``probe`` claiming empty slots, key ``i`` with the token ``base + i``; big
@@ -107,7 +108,7 @@ class ProbeOps:
         """:func:`~._index.first_race` on the batch padded to its size class."""
         n = _count(keys)
         race = first_race[self.t.serial_scatter]
-        *got, counts = race(self.t.index.handle, *padded(n, keys, tokens), n)
+        *got, counts = _xla.call(race, self.t.index, *padded(n, keys, tokens), n)
         return (*(x[:n] for x in got), counts)
 
     # -- the probe loop ----------------------------------------------------------------

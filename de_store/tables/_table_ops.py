@@ -15,6 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from de_store.tables import _xla
 from de_store.tables._capacity import BATCHES_AHEAD, CapacityOps
 from de_store.tables._change_tracking import STAMP_DTYPE, TrackingOps
 from de_store.tables._index import DELETED, EMPTY, empty_index, first_race, size_class
@@ -234,7 +235,10 @@ class TableOps(CapacityOps, TrackingOps):
         no part goes out of bounds, which XLA's scatter skips)."""
         padding = tf.zeros(tf.reshape(size_class(count), [1]), tf.int64)
         race = first_race[self.t.serial_scatter]
-        race(self.t.index.handle, padding, padding, tf.constant(0, tf.int64))
+        if tf.executing_eagerly():  # compiled in the background (:mod:`._xla`)
+            _xla.prepare(race, self.t.index, padding, padding, tf.constant(0, tf.int64))
+        else:
+            race(self.t.index.handle, padding, padding, tf.constant(0, tf.int64))
 
     def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
         """Insert keys absent from the table and distinct among themselves (a bulk load,

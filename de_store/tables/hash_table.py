@@ -293,9 +293,9 @@ class HashTable(TableCore):
                 self._run("prepare", tf.constant(count, tf.int64))
 
     def compile_load(self, count: int) -> None:
-        """Have XLA compile (or load from its cache) what a bulk load of ``count`` keys
-        runs compiled at the table's capacity now, writing nothing: a restore does it for
-        its load batches while it reads the shards (eager only)."""
+        """Start XLA compiling, in the background, what a bulk load of ``count`` keys runs
+        compiled at the table's capacity now, writing nothing: a restore does it for its
+        load batches before it reads the shards (see :mod:`._xla`)."""
         if count >= _index.COMPILED_MIN_KEYS:
             self._run("compile_load", tf.constant(count, tf.int64))
 

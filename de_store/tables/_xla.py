@@ -1,0 +1,120 @@
+"""XLA compiles of the compiled probe rounds for eager bulk calls, made off the caller's path.
+
+The first probe rounds of big batches are XLA computations (:mod:`._index`), compiled for
+each index capacity and batch size class: 0.2-0.5 s each on a CPU, paid by the first
+call of each shape in a process. A table filled or restored in a new process meets one or
+two such shapes per function, and would pay their compiles before its first rows are in.
+
+An eager bulk call (a big insert, lookup or a restore's load, run op by op by
+:class:`~._kernels.Kernels`) asks :func:`call` instead of calling the compiled function:
+when this process has compiled the shape, the compiled function runs; otherwise the same
+rounds run as TensorFlow ops (:data:`~._index.plain`: the same results, a few times
+slower a key), and one background thread compiles the shape by calling the compiled
+function on a stand-in index of the same shape and dtype on the same device (a variable
+holding uninitialised memory and no row of any table, with no key taking part: the probes
+read it, nothing is written). Later calls of the shape run compiled once that is done.
+The stand-in's memory is only reserved: the rounds read the slots of a few padding keys.
+
+Inside a ``tf.function`` (a traced kernel), the compiled functions are called directly,
+as XLA requires of a graph: nothing here is asked.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Hashable
+from typing import Any
+
+import tensorflow as tf
+
+from de_store.tables._index import plain
+
+log = logging.getLogger("de_store")
+
+__all__ = ["call", "prepare", "wait_for_compiles"]
+
+_lock = threading.Lock()
+#: Shapes compiled in this process, and those being compiled.
+_compiled: set[Hashable] = set()
+_pending: dict[Hashable, concurrent.futures.Future[None]] = {}
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
+    """``function(index.handle, *args)``, one of the compiled rounds of :mod:`._index`:
+    compiled when this process has compiled its shape, else as TensorFlow ops while a
+    background thread compiles it. Inside a trace: the compiled function."""
+    if not tf.executing_eagerly():
+        return function(index.handle, *args)
+    signature = _signature(function, index, args)
+    if signature in _compiled:
+        return function(index.handle, *args)
+    _start(signature, function, index, args)
+    return plain[function](index.handle, *args)
+
+
+def prepare(function: Any, index: tf.Variable, *args: tf.Tensor) -> None:
+    """Start compiling ``function`` for the shapes of ``index`` and ``args`` in the
+    background, unless this process has (a restore, before its rows are read)."""
+    signature = _signature(function, index, args)
+    if signature not in _compiled:
+        _start(signature, function, index, args)
+
+
+def _signature(function: Any, index: tf.Variable, args: tuple[Any, ...]) -> Hashable:
+    # The variable's static shape leaves its length open: ask the variable.
+    shape = tuple(int(x) for x in tf.raw_ops.VariableShape(input=index.handle, out_type=tf.int64))
+    return (function, index.device, shape, tuple(tuple(a.shape.as_list()) for a in args))
+
+
+def wait_for_compiles() -> None:
+    """Wait for the compiles started so far (tests; a benchmark that wants them out of
+    its timings)."""
+    with _lock:
+        pending = list(_pending.values())
+    concurrent.futures.wait(pending)
+
+
+def _start(signature: Hashable, function: Any, index: tf.Variable, args: tuple[Any, ...]) -> None:
+    global _pool
+    with _lock:
+        if signature in _pending or signature in _compiled:
+            return
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="de_store-xla")
+        specs = [tf.TensorSpec(a.shape, a.dtype) for a in args]
+        shape = tf.TensorShape(signature[2])  # type: ignore[index]
+        future = _pool.submit(_compile, function, index.device, shape, index.dtype, specs)
+        _pending[signature] = future
+    future.add_done_callback(lambda done: _finish(signature, done))
+
+
+def _finish(signature: Hashable, future: concurrent.futures.Future[None]) -> None:
+    with _lock:
+        del _pending[signature]
+        if future.exception() is None:
+            _compiled.add(signature)
+        else:  # the shape runs as TensorFlow ops; the error is the compiler's, not the table's
+            log.debug("XLA compile of %s failed: %s", signature, future.exception())
+
+
+def _compile(
+    function: Any, device: str, shape: tf.TensorShape, dtype: tf.DType, specs: list[tf.TensorSpec]
+) -> None:
+    """Call ``function`` on a stand-in index of ``shape`` with zero keys taking part (the
+    last-but-start argument ``count`` is 0; padding keys 0), so XLA compiles the shape."""
+    with tf.device(device):
+        # Made inside the initializer, the memory is the variable's own, never copied.
+        stand_in = tf.Variable(
+            lambda: tf.raw_ops.Empty(shape=shape.as_list(), dtype=dtype, init=False),
+            trainable=False,
+        )
+        args = [_zeros(spec) for spec in specs]
+        function(stand_in.handle, *args)
+        del stand_in
+
+
+def _zeros(spec: tf.TensorSpec) -> tf.Tensor:
+    return tf.zeros(spec.shape, spec.dtype)

@@ -1,0 +1,109 @@
+"""Bulk calls: eager calls of 65,536 keys or more run their kernel's ops one by one (no
+trace), their compiled probe rounds first as TensorFlow ops while XLA compiles the shape in
+the background, compiled afterwards; every way gives the same table."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from de_store.errors import RepeatedKeysError
+from de_store.tables import HashTable, _kernels, _xla
+
+BULK = _kernels.OP_BY_OP_MIN_KEYS
+
+
+def _model_insert(model: dict, keys: np.ndarray, values: np.ndarray) -> None:
+    for key, row in zip(keys.tolist(), values, strict=True):
+        model[key] = row  # the last of repeated keys wins
+
+
+def _check(table: HashTable, model: dict) -> None:
+    keys, rows = table.export_all()
+    got = dict(zip(keys.numpy().tolist(), rows.numpy(), strict=True))
+    assert got.keys() == model.keys()
+    for key, row in model.items():
+        np.testing.assert_array_equal(got[key], row)
+
+
+def test_bulk_calls_give_the_table_small_calls_give(monkeypatch):
+    rng = np.random.default_rng(3)
+    bulk = HashTable(tf.int64, tf.float32, 4, name="bulk")
+    small = HashTable(tf.int64, tf.float32, 4, name="small")
+    model: dict = {}
+    calls = []
+    run = _kernels.Kernels._op_by_op
+    monkeypatch.setattr(
+        _kernels.Kernels,
+        "_op_by_op",
+        lambda self, name, *a: calls.append(name) or run(self, name, *a),
+    )
+    for step in range(3):  # the same shapes again: compiled once the background is done
+        keys = rng.integers(0, 3 * BULK, BULK + 1000)  # repeats, and keys of earlier steps
+        values = rng.normal(size=(keys.size, 4)).astype(np.float32)
+        bulk.insert(tf.constant(keys), tf.constant(values))
+        for at in range(0, keys.size, 20_000):
+            small.insert(tf.constant(keys[at : at + 20_000]), tf.constant(values[at : at + 20_000]))
+        _model_insert(model, keys, values)
+        probe = rng.integers(0, 4 * BULK, BULK)  # present and missing keys
+        got, found = bulk.lookup(tf.constant(probe))
+        want_found = np.array([k in model for k in probe.tolist()])
+        np.testing.assert_array_equal(found.numpy(), want_found)
+        want = np.stack([model.get(k, np.zeros(4, np.float32)) for k in probe.tolist()])
+        np.testing.assert_array_equal(got.numpy(), want)
+        if step == 0:
+            _xla.wait_for_compiles()
+    assert calls.count("insert") == 3 and calls.count("lookup") == 3
+    gone = rng.choice(np.fromiter(model, np.int64), BULK, replace=False)
+    bulk.remove(tf.constant(gone))
+    for at in range(0, gone.size, 20_000):
+        small.remove(tf.constant(gone[at : at + 20_000]))
+    for key in gone.tolist():
+        del model[key]
+    assert calls.count("remove") == 1
+    _check(bulk, model)
+    _check(small, model)
+    assert int(bulk.size()) == int(small.size()) == len(model)
+
+
+def test_a_bulk_load_restores_every_row_and_refuses_repeated_keys():
+    rng = np.random.default_rng(4)
+    keys = rng.choice(10**12, 2 * BULK, replace=False)
+    values = rng.normal(size=(keys.size, 3)).astype(np.float32)
+    table = HashTable(tf.int64, tf.float32, 3, name="loaded")
+    table.load_distinct(tf.constant(keys), tf.constant(values))
+    _check(table, dict(zip(keys.tolist(), values, strict=True)))
+    repeated = np.concatenate([keys[:BULK], keys[:5]])
+    again = HashTable(tf.int64, tf.float32, 3, name="again")
+    with pytest.raises(RepeatedKeysError, match="'again'"):
+        again.load_distinct(tf.constant(repeated), tf.zeros([repeated.size, 3]))
+
+
+def test_threads_run_bulk_calls_on_other_devices_at_once(monkeypatch):
+    """Tables on a device other than the default one, written by two threads at once with
+    every call op by op (TensorFlow's eager slices there are not safe from two threads at
+    once: the calls take turns)."""
+    monkeypatch.setattr(_kernels, "OP_BY_OP_MIN_KEYS", 1)
+    with tf.device("/CPU:1"):
+        tables = [HashTable(tf.int64, tf.float32, 2, name=f"t{i}") for i in range(2)]
+    errors: list[BaseException] = []
+
+    def write(table: HashTable, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(60):
+                keys = rng.integers(0, 500, 40)
+                table.insert(tf.constant(keys), tf.ones([40, 2]))
+                table.lookup(tf.constant(keys))
+        except BaseException as err:  # reported below, with the thread's table
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(t, i)) for i, t in enumerate(tables)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
