@@ -1,4 +1,4 @@
-"""A direct Parquet writer for uncompressed shards of fixed-width columns.
+"""A direct Parquet writer for shards of fixed-width columns, uncompressed or zstd.
 
 Arrow's Parquet writer spends much of a shard's write building and RLE-encoding one
 repetition and one definition level per element of a ``fixed_size_list`` column
@@ -13,7 +13,9 @@ file is the one Arrow writes in every respect a reader sees: the same Parquet sc
 
 :func:`supports` says which schemas it takes: integer keys and float32/float64/int32/int64
 value and extra columns, all non-null. The others (string keys, 8- and 16-bit values)
-go through Arrow's writer.
+go through Arrow's writer. With ``compression="zstd"`` each page (its levels and values)
+is compressed whole with Arrow's zstd codec, as Arrow's writer compresses a page; the
+levels cost no more than uncompressed, so the codec is all a compressed save adds.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ _REQUIRED, _REPEATED = 0, 2
 _CONVERTED_LIST = 3
 _PLAIN, _RLE = 0, 3
 _DATA_PAGE = 0
-_UNCOMPRESSED = 0
+#: Codecs this writer and reader handle -> Parquet's CompressionCodec.
+CODECS = {"none": 0, "zstd": 6}
+_CODEC_NAMES = {"UNCOMPRESSED": "none", "ZSTD": "zstd"}
 
 # Thrift compact protocol type ids.
 _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _STRUCT = (
@@ -159,6 +163,8 @@ class _Chunk:
     size: int
     values: int
     statistics: bytes | None
+    #: Bytes of its pages uncompressed (headers included).
+    uncompressed: int = 0
 
 
 def _raw_values(array: pa.Array) -> memoryview:
@@ -169,7 +175,7 @@ def _raw_values(array: pa.Array) -> memoryview:
     return memoryview(array.to_numpy(zero_copy_only=True)).cast("B")
 
 
-def _page_header(size: int, values: int) -> bytes:
+def _page_header(size: int, values: int, compressed: int | None = None) -> bytes:
     data_page = _struct(
         (1, _I32, _int(values)),
         (2, _I32, _int(_PLAIN)),
@@ -179,7 +185,7 @@ def _page_header(size: int, values: int) -> bytes:
     return _struct(
         (1, _I32, _int(_DATA_PAGE)),
         (2, _I32, _int(size)),
-        (3, _I32, _int(size)),
+        (3, _I32, _int(size if compressed is None else compressed)),
         (5, _STRUCT, data_page),
     )
 
@@ -203,7 +209,16 @@ class PlainParquetWriter:
     go to the sink in one write (one crc32c and one system call per part, not six).
     """
 
-    def __init__(self, sink: Sink, schema: pa.Schema, statistics: Iterable[str]) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        schema: pa.Schema,
+        statistics: Iterable[str],
+        compression: str = "none",
+        compression_level: int | None = None,
+    ) -> None:
+        self._codec_id = CODECS[compression]
+        self._codec = None if compression == "none" else pa.Codec(compression, compression_level)
         self._sink = sink
         self._schema = schema
         self._statistics = set(statistics)
@@ -247,15 +262,25 @@ class PlainParquetWriter:
         data = _raw_values(column)
         row_bytes = data.nbytes // max(len(column), 1)
         rows_per_page = max(1, PAGE_BYTES // max(row_bytes, 1))
-        start = self._position
+        start, uncompressed = self._position, 0
         for first in range(0, len(column), rows_per_page) or range(1):
             rows = min(rows_per_page, len(column) - first)
             levels = _levels(rows, width) if width is not None else b""
             body = data[first * row_bytes : (first + rows) * row_bytes]
-            self._write(_page_header(len(levels) + body.nbytes, rows * (width or 1)) + levels)
-            self._write(body)
+            size = len(levels) + body.nbytes
+            if self._codec is None:
+                header = _page_header(size, rows * (width or 1))
+                self._write(header + levels)
+                self._write(body)
+            else:
+                packed = self._codec.compress(levels + body if levels else body, asbytes=True)
+                header = _page_header(size, rows * (width or 1), len(packed))
+                self._write(header)
+                self._write(packed)
+            uncompressed += len(header) + size
         stats = _min_max(column) if field.name in self._statistics and len(column) else None
-        return _Chunk(start, self._position - start, len(column) * (width or 1), stats)
+        values = len(column) * (width or 1)
+        return _Chunk(start, self._position - start, values, stats, uncompressed)
 
     def close(self) -> None:
         """Write the footer (once)."""
@@ -318,7 +343,7 @@ class PlainParquetWriter:
             (1, _I32, _int(_PHYSICAL[_leaf_type(field.type)])),
             (2, _LIST, _list(_I32, [_int(_RLE), _int(_PLAIN)])),
             (3, _LIST, _list(_BINARY, [_binary(p) for p in self._path(field)])),
-            (4, _I32, _int(_UNCOMPRESSED)),
+            (4, _I32, _int(self._codec_id)),
         )[:-1]
 
     def _row_group(self, index: int) -> bytes:
@@ -328,7 +353,7 @@ class PlainParquetWriter:
             # fields 5 to 12 follow field 4: their ids go on from there (delta encoding)
             tail = _struct(
                 (5, _I64, _int(chunk.values)),
-                (6, _I64, _int(chunk.size)),
+                (6, _I64, _int(chunk.uncompressed)),
                 (7, _I64, _int(chunk.size)),
                 (9, _I64, _int(chunk.offset)),
                 (12, _STRUCT, chunk.statistics) if chunk.statistics is not None else None,
@@ -339,7 +364,7 @@ class PlainParquetWriter:
         size = sum(c.size for c in chunks)
         return _struct(
             (1, _LIST, _list(_STRUCT, columns)),
-            (2, _I64, _int(size)),
+            (2, _I64, _int(sum(c.uncompressed for c in chunks))),
             (3, _I64, _int(rows)),
             (5, _I64, _int(first)),
             (6, _I64, _int(size)),
@@ -375,9 +400,10 @@ def decode_row_group(
             raise NotPlain(field.name)
         chunk = group.column(names.index(field.name))
         start = chunk.data_page_offset - offset
-        if chunk.compression != "UNCOMPRESSED" or start < 0:
+        codec = _CODEC_NAMES.get(chunk.compression)
+        if codec is None or start < 0:
             raise NotPlain(field.name)
-        body = _page_body(data, start, chunk.total_compressed_size)
+        body = _page_body(data, start, chunk.total_compressed_size, codec)
         arrays.append(_column(field.type, body, rows))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
@@ -397,19 +423,23 @@ def _column(type_: pa.DataType, body: pa.Buffer, rows: int) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(flat, type=type_)
 
 
-def _page_body(data: pa.Buffer, start: int, chunk_size: int) -> pa.Buffer:
-    """The body of the one data page making up a column chunk at ``start``."""
+def _page_body(data: pa.Buffer, start: int, chunk_size: int, codec: str = "none") -> pa.Buffer:
+    """The body of the one data page making up a column chunk at ``start``, decompressed
+    with ``codec``."""
     header = memoryview(data).cast("B")[start : start + min(chunk_size, 256)]
     fields, end = _read_struct(header, 0)
-    if fields.get(1) != _DATA_PAGE or fields.get(2) != fields.get(3):
+    plain_size, size = fields.get(2), fields.get(3)
+    if fields.get(1) != _DATA_PAGE or (codec == "none" and plain_size != size):
         raise NotPlain("page type or compression")
-    size = fields.get(3)
     page = fields.get(5)
     if not isinstance(size, int) or end + size != chunk_size or not isinstance(page, dict):
         raise NotPlain("one page a chunk")
-    if page.get(2) != _PLAIN:
+    if page.get(2) != _PLAIN or not isinstance(plain_size, int):
         raise NotPlain("encoding")
-    return data.slice(start + end, size)
+    body = data.slice(start + end, size)
+    if codec == "none":
+        return body
+    return pa.Codec(codec).decompress(body, decompressed_size=plain_size)
 
 
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:

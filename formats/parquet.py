@@ -25,7 +25,14 @@ import pyarrow.parquet as pq
 from de_store.backends.location import Location
 from de_store.errors import FormatError
 
-from ._plain_parquet import NotPlain, PlainParquetWriter, decode_row_group, supports, written_here
+from ._plain_parquet import CODECS as PLAIN_CODECS
+from ._plain_parquet import (
+    NotPlain,
+    PlainParquetWriter,
+    decode_row_group,
+    supports,
+    written_here,
+)
 from ._shard import (
     PartReader,
     check_columns,
@@ -77,8 +84,10 @@ class ParquetFormat(ShardFormat):
     def _writer(
         self, sink: ChecksummingWriter, schema: pa.Schema
     ) -> pq.ParquetWriter | PlainParquetWriter:
-        if self.compression == "none" and supports(schema):
-            return PlainParquetWriter(sink, schema, statistics=["key"])
+        if self.compression in PLAIN_CODECS and supports(schema):
+            return PlainParquetWriter(
+                sink, schema, ["key"], self.compression, self.compression_level
+            )
         return pq.ParquetWriter(
             sink,
             schema,

@@ -21,9 +21,9 @@ from de_store.formats import ExtraColumn, SchemaInfo, _plain_parquet, batch_from
 OURS = _plain_parquet.CREATED_BY.decode()
 
 
-def write_both(directory, schema_info, batches, buffer_size):
+def write_both(directory, schema_info, batches, buffer_size, compression="none"):
     """The shard de_store writes, and the file Arrow writes from the same row groups."""
-    info = get_format("parquet").write(
+    info = get_format("parquet", compression=compression).write(
         open_backend(str(directory)),
         "ours.parquet",
         batches,
@@ -35,7 +35,7 @@ def write_both(directory, schema_info, batches, buffer_size):
     with pq.ParquetWriter(
         reference,
         schema,
-        compression="none",
+        compression=compression,
         use_dictionary=False,
         write_statistics=["key"],
         store_schema=True,
@@ -139,7 +139,8 @@ def test_empty_shard_is_a_valid_parquet_file(tmp_path):
         (SchemaInfo("emb", 4, "string"), "none"),
         (SchemaInfo("emb", 4, "int64", "float16"), "none"),
         (SchemaInfo("emb", 4, "int64", "bfloat16"), "none"),
-        (SchemaInfo("emb", 4), "zstd"),
+        (SchemaInfo("emb", 4), "snappy"),
+        (SchemaInfo("emb", 4), "lz4"),
     ],
 )
 def test_other_shards_are_written_by_arrow(tmp_path, schema_info, compression):
@@ -202,3 +203,26 @@ def test_chunks_of_several_pages_are_decoded_by_arrow(tmp_path, monkeypatch):
     )
     got_keys, got_values, _ = _read_back(tmp_path, info)
     assert same(got_keys, keys) and same(got_values, values)
+
+
+def test_zstd_shards_are_written_and_decoded_here(tmp_path, monkeypatch):
+    schema_info = SchemaInfo("emb", 16, extras=(ExtraColumn("freq", "int64"),))
+    keys, values = make_keys(700, "int64"), make_values(700, 16, "float32")
+    freq = np.arange(700, dtype=np.int64)
+    batches = [batch_from_numpy(keys, values, {"freq": freq})]
+    info, ours, reference = write_both(tmp_path, schema_info, batches, 256, compression="zstd")
+    assert_same_file_view(ours, reference)
+    metadata = pq.ParquetFile(ours).metadata
+    chunk = metadata.row_group(0).column(1)
+    assert chunk.compression == "ZSTD"
+    assert chunk.total_compressed_size < chunk.total_uncompressed_size
+    assert metadata.row_group(0).total_byte_size == sum(
+        metadata.row_group(0).column(j).total_uncompressed_size for j in range(3)
+    )
+
+    def no_arrow_reader(*args, **kwargs):
+        raise AssertionError("Arrow's Parquet reader was used")
+
+    monkeypatch.setattr("de_store.formats.parquet.pq.ParquetFile", no_arrow_reader)
+    got_keys, got_values, extras = _read_back(tmp_path, info, buffer_size=300)
+    assert same(got_keys, keys) and same(got_values, values) and same(extras["freq"], freq)
