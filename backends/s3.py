@@ -54,6 +54,14 @@ class S3Backend(FsspecBackend):
         finally:
             raw.close()
 
+    def read_bytes(self, path: str) -> bytes:
+        """One GET of the object (s3fs's ``cat_file`` asks for a HEAD first, to split a
+        large object among concurrent GETs; de_store reads whole only its small files)."""
+        with self._translating("read", path):
+            data: bytes = self.fs.cat_file(self._full(path), max_concurrency=1)
+        self.stats.add_read(len(data))
+        return data
+
     def _file_info(self, full: str) -> dict[str, Any]:
         """One HEAD of the object (s3fs's ``info`` lists the prefix too when none is there).
 

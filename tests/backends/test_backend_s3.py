@@ -190,9 +190,10 @@ def test_size_and_write_once_ask_one_head_and_list_asks_once(
 def test_restore_asks_each_shard_file_once_in_the_plan_and_once_to_read(
     s3_location: StorageLocation, s3_requests: list[tuple[str, str]]
 ) -> None:
-    """The manifest's folder is listed once; each shard file is sized by one HEAD when the
-    plan checks it and one when it is opened, then read by two GETs (its footer, then its
-    header and parts in one stream); nothing lists a shard's path."""
+    """The checkpoint's folder is listed once, its commit record and manifest read by one
+    GET each; each shard file is sized by one HEAD when the plan checks it and one when it
+    is opened, then read by two GETs (its footer, then its header and parts in one
+    stream); nothing lists a shard's path."""
     import numpy as np
     import tensorflow as tf
 
@@ -213,6 +214,8 @@ def test_restore_asks_each_shard_file_once_in_the_plan_and_once_to_read(
     assert [r for r in s3_requests if r[0] == "list_objects_v2"] == [
         ("list_objects_v2", "root/ckpt-1/")
     ]
+    for name in ("COMMIT-000001", "manifest-000001.json"):  # read whole: one GET each
+        assert [m for m, k in s3_requests if k == f"root/ckpt-1/{name}"] == ["get_object"]
     for key in shard_keys:
         assert [m for m, k in s3_requests if k == key] == [
             "head_object", "head_object", "get_object", "get_object"
