@@ -1,0 +1,366 @@
+"""Saves and restores on object stores, against the plainest client calls moving the same bytes.
+
+Measures, through the user path (``de_store.get_variable`` with a ``HashTableCreator`` whose
+``FileSystemSaver(save_path="s3://..." or "gs://...")`` holds the KV data, and
+``tf.train.Checkpoint.write`` / ``read``; TensorFlow's own small bundle goes to a local
+temporary folder), against a moto S3 server and a gcp-storage-emulator, each started here
+in a subprocess of its own on 127.0.0.1 and a free port (so that neither shares the GIL of
+the process it serves):
+
+* ``save_s``: ``Checkpoint.write`` of a table of ``--keys`` x ``--dim`` float32 rows (one
+  process, the best of ``--rounds``, each to a checkpoint of its own) after a first save
+  (``save_first_s``, which traces the export kernels); ``plain_put_s``: right before each,
+  a new ``s3fs`` / ``gcsfs`` filesystem puts files of the same sizes as the committed
+  checkpoint holds (its shards, the rank manifest, the manifest and the commit record), as
+  many, with one ``fs.pipe({path: bytes})`` (the client sends them side by side). Each
+  save's requests include the orphan search a ``tf.train.Checkpoint`` save makes in its
+  root, which reads every committed checkpoint there: ``save_requests_rounds`` gives the
+  count of each round, whose root holds one checkpoint more than the round before;
+* ``restore_s``: ``Checkpoint.read`` in a fresh process (the variable, created empty,
+  restores as a user's would after a restart; ``import tensorflow`` is not timed), the best
+  of ``--rounds`` processes after a first one (``restore_first_s``, which traces the load
+  kernels; later processes load them from de_store's cache, a folder this run starts
+  empty); ``plain_get_s``: right before it in the same process, a new filesystem reads
+  every file of the checkpoint with one ``fs.cat([paths])``. Each restore is checked: the
+  table holds ``--keys`` rows, and the first 1,000 rows of every fill batch equal the
+  rows saved;
+* ``requests``: the requests each side made, counted at the client's one request method
+  (``S3FileSystem._call_s3``, ``GCSFileSystem._call``, wrapped in every process of the run),
+  by method;
+* ``local``: the same saves and fresh-process restores on a local folder: what a restore
+  costs besides the network (reading the file from the page cache, checking, parsing,
+  indexing and loading the table).
+
+``ratios`` gives save / plain put and restore / plain get per store, and restore /
+max(plain get, local restore): a restore that overlapped its download with all of its
+local work would take that maximum. Figures on a shared machine are noisy: compare ratios
+from the same run.
+
+Usage::
+
+    python benchmarks/object_store_bench.py --keys 1000000 --dim 16
+
+The last stdout line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs loads
+
+import numpy as np
+from _harness import emit, rows, run_phase, sample_rows, timed
+
+BUCKET = "bench"
+VARIABLE = "embedding"
+STORES = ("s3", "gs")
+
+
+# --- servers (main process) ------------------------------------------------------------------
+def start_servers() -> tuple[dict[str, str], Callable[[], None]]:
+    """A moto S3 server and a gcp-storage-emulator in subprocesses: endpoints and a stop."""
+    from de_store.testing import servers
+
+    s3_endpoint, stop_moto = servers.start_moto_server(in_process=False)
+    try:
+        port = servers.free_port()
+        command = [sys.executable, "-m", "gcp_storage_emulator", "start", "-H", "127.0.0.1",
+                   "--port", str(port), "--in-memory", "-q"]  # fmt: skip
+        # started and stopped as start_moto_server(in_process=False) starts moto
+        gs_endpoint, stop_emulator = servers._start_subprocess(
+            command, f"http://127.0.0.1:{port}", "/"
+        )
+    except BaseException:
+        stop_moto()
+        raise
+
+    def stop() -> None:
+        stop_moto()
+        stop_emulator()
+
+    try:
+        for store, endpoint in (("s3", s3_endpoint), ("gs", gs_endpoint)):
+            servers.create_bucket(store, BUCKET, storage_options(store, endpoint))
+    except BaseException:
+        stop()
+        raise
+    return {"s3": s3_endpoint, "gs": gs_endpoint}, stop
+
+
+def storage_options(store: str, endpoint: str) -> dict[str, Any]:
+    from de_store.testing import servers
+
+    if store == "s3":
+        return servers.s3_storage_options(endpoint)
+    return servers.gcs_storage_options(endpoint)
+
+
+# --- requests, counted at each client's one request method ------------------------------------
+REQUESTS: collections.Counter[str] = collections.Counter()
+_REQUESTS_LOCK = threading.Lock()
+
+
+def count_requests() -> None:
+    """Count every request s3fs and gcsfs make in this process into ``REQUESTS``, by method."""
+    import gcsfs
+    import s3fs
+
+    call_s3 = s3fs.S3FileSystem._call_s3
+    call_gcs = gcsfs.GCSFileSystem._call
+
+    async def counted_s3(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        _count(method)
+        return await call_s3(self, method, *args, **kwargs)
+
+    async def counted_gcs(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        _count(f"{method} {_gcs_kind(path, kwargs)}")
+        return await call_gcs(self, method, path, *args, **kwargs)
+
+    s3fs.S3FileSystem._call_s3 = counted_s3
+    gcsfs.GCSFileSystem._call = counted_gcs
+
+
+def _gcs_kind(path: str, kwargs: dict[str, Any]) -> str:
+    if "uploadType" in kwargs:
+        return f"upload({kwargs['uploadType']})"
+    if "upload" in path:
+        return "upload(chunk)"
+    if path.endswith("/o") or "/o?" in path:
+        return "list"
+    return "object" if "/o/" in path else path.split("/")[0]
+
+
+def _count(method: str) -> None:
+    with _REQUESTS_LOCK:
+        REQUESTS[method] += 1
+
+
+def counted(fn: Callable[[], Any]) -> tuple[float, dict[str, int], Any]:
+    """Seconds ``fn()`` took, the requests it made by method, and its result."""
+    with _REQUESTS_LOCK:
+        REQUESTS.clear()
+    seconds, result = timed(fn)
+    with _REQUESTS_LOCK:
+        made = dict(sorted(REQUESTS.items()))
+    return seconds, made, result
+
+
+def new_fs(store: str, endpoint: str) -> Any:
+    """A filesystem of its own (no instance shared with de_store's)."""
+    import fsspec
+
+    return fsspec.filesystem(store, skip_instance_cache=True, **storage_options(store, endpoint))
+
+
+# --- the table -----------------------------------------------------------------------------
+def make_variable(args: argparse.Namespace, save_path: str, options: dict[str, Any]) -> Any:
+    import tensorflow as tf
+
+    import de_store
+
+    saver = de_store.FileSystemSaver(save_path=save_path, storage_options=options)
+    return de_store.get_variable(
+        VARIABLE,
+        key_dtype=tf.int64,
+        value_dtype=tf.float32,
+        dim=args.dim,
+        init_size=args.keys,
+        kv_creator=de_store.HashTableCreator(saver=saver),
+    )
+
+
+def checkpoint_files(store: str, endpoint: str, root: str) -> dict[str, int]:
+    """Every object under ``root`` (``bucket/prefix``) and its size."""
+    found = new_fs(store, endpoint).find(root, detail=True)
+    return {path: int(info["size"]) for path, info in sorted(found.items())}
+
+
+def fill(variable: Any, args: argparse.Namespace) -> None:
+    for batch_keys, batch_values in rows(args.keys, args.dim):
+        variable.upsert(batch_keys, batch_values)
+
+
+def tf_prefix(args: argparse.Namespace, index: int) -> str:
+    return os.path.join(args.tf_dir, f"ckpt-{index}")
+
+
+def kv_root(args: argparse.Namespace, index: int) -> str:
+    """``bucket/prefix`` of checkpoint ``index``'s KV data (``save_path`` has no protocol)."""
+    return f"{args.save_path.split('://', 1)[-1]}/ckpt-{index}"
+
+
+# --- phase: save (one process: fill, a first save, then plain put and save, alternated) ------
+def phase_save(args: argparse.Namespace) -> None:
+    count_requests()
+    import tensorflow as tf
+
+    local = args.store == "local"
+    options = {} if local else storage_options(args.store, args.endpoint)
+    variable = make_variable(args, args.save_path, options)
+    fill(variable, args)
+    checkpoint = tf.train.Checkpoint(embedding=variable)
+    out: dict[str, Any] = {"save_first_s": timed(lambda: checkpoint.write(tf_prefix(args, 0)))[0]}
+    saves, puts = [], []
+    files = {} if local else checkpoint_files(args.store, args.endpoint, kv_root(args, 0))
+    base = kv_root(args, 0) + "/"
+    payloads = {path[len(base) :]: np.random.bytes(size) for path, size in files.items()}
+    for index in range(1, args.rounds + 1):
+        if not local:
+            puts.append(counted(lambda index=index: plain_put(args, payloads, index)))
+        saves.append(counted(lambda index=index: checkpoint.write(tf_prefix(args, index))))
+    best = min(saves, key=lambda s: s[0])
+    out["save_s"], out["save_requests"] = best[0], best[1]
+    out["save_requests_rounds"] = [sum(made.values()) for _, made, _ in saves]
+    if puts:
+        out["plain_put_s"], out["plain_put_requests"] = min(s for s, _, _ in puts), puts[0][1]
+        out["files"] = {path[len(base) :]: size for path, size in files.items()}
+        out["save_rounds_s"] = [s for s, _, _ in saves]
+        out["plain_put_rounds_s"] = [s for s, _, _ in puts]
+    emit(out)
+
+
+def plain_put(args: argparse.Namespace, payloads: dict[str, bytes], index: int) -> None:
+    """A new filesystem puts ``payloads`` under ``plain-<index>/`` in one call."""
+    fs = new_fs(args.store, args.endpoint)
+    fs.pipe({f"{BUCKET}/plain-{index}/{rel}": data for rel, data in payloads.items()})
+
+
+# --- phase: restore (a fresh process: plain get, then the restore) ---------------------------
+def phase_restore(args: argparse.Namespace) -> None:
+    count_requests()
+    import tensorflow as tf
+
+    local = args.store == "local"
+    out: dict[str, Any] = {}
+    if not local:
+        paths = list(checkpoint_files(args.store, args.endpoint, kv_root(args, args.index)))
+        get_s, get_requests, got = counted(lambda: new_fs(args.store, args.endpoint).cat(paths))
+        out.update(plain_get_s=get_s, plain_get_requests=get_requests)
+        out["plain_get_bytes"] = sum(len(data) for data in got.values())
+    options = {} if local else storage_options(args.store, args.endpoint)
+    variable = make_variable(args, args.save_path, options)
+    checkpoint = tf.train.Checkpoint(embedding=variable)
+    seconds, made, status = counted(lambda: checkpoint.read(tf_prefix(args, args.index)))
+    status.assert_consumed()
+    out.update(restore_s=seconds, restore_requests=made)
+    check_restored(variable, args)
+    emit(out)
+
+
+def check_restored(variable: Any, args: argparse.Namespace) -> None:
+    """The table holds ``--keys`` rows, and sampled rows equal the rows saved."""
+    if int(variable.size()) != args.keys:
+        raise AssertionError(f"restored {int(variable.size())} rows, expected {args.keys}")
+    keys, values = sample_rows(args.keys, args.dim)
+    found = variable.lookup(keys).numpy()
+    if not np.array_equal(found, values):
+        wrong = int(np.sum(np.any(found != values, axis=1)))
+        raise AssertionError(f"{wrong} of {len(keys)} sampled rows differ after the restore")
+
+
+# --- main ------------------------------------------------------------------------------------
+def run_store(args: argparse.Namespace, store: str, endpoint: str, env: dict[str, str]) -> dict:
+    """The save phase, then ``rounds + 1`` restore processes, for one store."""
+    if store == "local":
+        save_path = os.path.join(args.dir, "local-kv")
+    else:
+        save_path = f"{store}://{BUCKET}/run"
+    tf_dir = os.path.join(args.dir, f"tf-{store}")
+    common = ["--store", store, "--endpoint", endpoint, "--save-path", save_path,
+              "--tf-dir", tf_dir, "--keys", str(args.keys), "--dim", str(args.dim),
+              "--rounds", str(args.rounds)]  # fmt: skip
+    out = run_phase(__file__, "save", common, env=env)
+    restores = [
+        run_phase(__file__, "restore", [*common, "--index", str(1 + i % args.rounds)], env=env)
+        for i in range(args.rounds + 1 if store != "local" else 2)
+    ]
+    out["restore_first_s"] = restores[0]["restore_s"]
+    best = min(restores[1:], key=lambda r: r["restore_s"])
+    out.update(best)
+    out["restore_rounds_s"] = [r["restore_s"] for r in restores]
+    if store != "local":
+        out["plain_get_s"] = min(r["plain_get_s"] for r in restores)
+        out["plain_get_rounds_s"] = [r["plain_get_s"] for r in restores]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="timed saves and restores")
+    parser.add_argument("--stores", default="s3,gs", help="comma-separated: s3, gs")
+    parser.add_argument("--phase", choices=["save", "restore"], help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--save-path", help=argparse.SUPPRESS)
+    parser.add_argument("--tf-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase == "save":
+        return phase_save(args)
+    if args.phase == "restore":
+        return phase_restore(args)
+    stores = [s for s in args.stores.split(",") if s]
+    bad = sorted(set(stores) - set(STORES))
+    if bad:
+        parser.error(f"--stores: unknown {bad}; known: {list(STORES)}")
+    args.dir = tempfile.mkdtemp(prefix="object_store_bench_")
+    env = {"DE_STORE_CACHE_DIR": os.path.join(args.dir, "cache"), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    endpoints, stop = start_servers()
+    try:
+        result: dict[str, Any] = {"keys": args.keys, "dim": args.dim, "rounds": args.rounds}
+        for store in stores:
+            result[store] = run_store(args, store, endpoints[store], env)
+        result["local"] = run_store(args, "local", "", env)
+    finally:
+        stop()
+        shutil.rmtree(args.dir, ignore_errors=True)
+    result["ratios"] = ratios(result, stores)
+    report(result, stores)
+    print(json.dumps(result))
+
+
+def ratios(result: dict[str, Any], stores: list[str]) -> dict[str, float]:
+    out = {}
+    for store in stores:
+        figures = result[store]
+        floor = max(figures["plain_get_s"], result["local"]["restore_s"])
+        out[f"{store}_save_vs_plain_put"] = figures["save_s"] / figures["plain_put_s"]
+        out[f"{store}_restore_vs_plain_get"] = figures["restore_s"] / figures["plain_get_s"]
+        out[f"{store}_restore_vs_max_get_local_restore"] = figures["restore_s"] / floor
+    return out
+
+
+def report(result: dict[str, Any], stores: list[str]) -> None:
+    local = result["local"]
+    print(f"{result['keys']:,} x {result['dim']} float32, best of {result['rounds']}")
+    print(f"local disk: save {local['save_s']:.3f} s, fresh restore {local['restore_s']:.3f} s")
+    for store in stores:
+        f = result[store]
+        sizes = ", ".join(f"{path} {size:,} B" for path, size in f["files"].items())
+        print(f"{store}: {len(f['files'])} files ({sizes})")
+        for side, plain in (("save", "plain_put"), ("restore", "plain_get")):
+            mine, theirs = f[f"{side}_requests"], f[f"{plain}_requests"]
+            print(
+                f"  {side} {f[f'{side}_s']:.3f} s, {sum(mine.values())} requests {mine}\n"
+                f"  {plain} {f[f'{plain}_s']:.3f} s, {sum(theirs.values())} requests {theirs}\n"
+                f"  ratio {f[f'{side}_s'] / f[f'{plain}_s']:.2f}x"
+            )
+        print(f"  requests of each save round: {f['save_requests_rounds']}")
+        floor = result["ratios"][f"{store}_restore_vs_max_get_local_restore"]
+        print(f"  restore / max(plain get, local restore) {floor:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
