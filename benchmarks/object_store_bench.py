@@ -16,6 +16,8 @@ the process it serves):
   save's requests include the orphan search a ``tf.train.Checkpoint`` save makes in its
   root, which reads every committed checkpoint there: ``save_requests_rounds`` gives the
   count of each round, whose root holds one checkpoint more than the round before;
+  ``api_save_s``: after each, ``de_store.save(..., blocking=True)`` of the same table into
+  a root of its own, which makes no such search;
 * ``restore_s``: ``Checkpoint.read`` in a fresh process (the variable, created empty,
   restores as a user's would after a restart; ``import tensorflow`` is not timed), the best
   of ``--rounds`` processes after a first one (``restore_first_s``, which traces the load
@@ -210,7 +212,7 @@ def phase_save(args: argparse.Namespace) -> None:
     fill(variable, args)
     checkpoint = tf.train.Checkpoint(embedding=variable)
     out: dict[str, Any] = {"save_first_s": timed(lambda: checkpoint.write(tf_prefix(args, 0)))[0]}
-    saves, puts = [], []
+    saves, puts, api_saves = [], [], []
     files = {} if local else checkpoint_files(args.store, args.endpoint, kv_root(args, 0))
     base = kv_root(args, 0) + "/"
     payloads = {path[len(base) :]: np.random.bytes(size) for path, size in files.items()}
@@ -218,15 +220,25 @@ def phase_save(args: argparse.Namespace) -> None:
         if not local:
             puts.append(counted(lambda index=index: plain_put(args, payloads, index)))
         saves.append(counted(lambda index=index: checkpoint.write(tf_prefix(args, index))))
+        url = f"{args.save_path}-api/ckpt-{index}"  # a root of their own: no orphan search
+        api_saves.append(counted(lambda url=url: api_save(variable, url, options)))
     best = min(saves, key=lambda s: s[0])
     out["save_s"], out["save_requests"] = best[0], best[1]
     out["save_requests_rounds"] = [sum(made.values()) for _, made, _ in saves]
+    best = min(api_saves, key=lambda s: s[0])
+    out["api_save_s"], out["api_save_requests"] = best[0], best[1]
     if puts:
         out["plain_put_s"], out["plain_put_requests"] = min(s for s, _, _ in puts), puts[0][1]
         out["files"] = {path[len(base) :]: size for path, size in files.items()}
         out["save_rounds_s"] = [s for s, _, _ in saves]
         out["plain_put_rounds_s"] = [s for s, _, _ in puts]
     emit(out)
+
+
+def api_save(variable: Any, url: str, options: dict[str, Any]) -> None:
+    import de_store
+
+    de_store.save([variable], url, storage_options=options, blocking=True)
 
 
 def plain_put(args: argparse.Namespace, payloads: dict[str, bytes], index: int) -> None:
@@ -282,7 +294,7 @@ def run_store(args: argparse.Namespace, store: str, endpoint: str, env: dict[str
     out = run_phase(__file__, "save", common, env=env)
     restores = [
         run_phase(__file__, "restore", [*common, "--index", str(1 + i % args.rounds)], env=env)
-        for i in range(args.rounds + 1 if store != "local" else 2)
+        for i in range(args.rounds + 1)
     ]
     out["restore_first_s"] = restores[0]["restore_s"]
     best = min(restores[1:], key=lambda r: r["restore_s"])
@@ -358,6 +370,8 @@ def report(result: dict[str, Any], stores: list[str]) -> None:
                 f"  ratio {f[f'{side}_s'] / f[f'{plain}_s']:.2f}x"
             )
         print(f"  requests of each save round: {f['save_requests_rounds']}")
+        api = f["api_save_requests"]
+        print(f"  de_store.save {f['api_save_s']:.3f} s, {sum(api.values())} requests {api}")
         floor = result["ratios"][f"{store}_restore_vs_max_get_local_restore"]
         print(f"  restore / max(plain get, local restore) {floor:.2f}x")
 
