@@ -44,9 +44,14 @@ from de_store.tables._types import Config
 
 log = logging.getLogger("de_store")
 
-__all__ = ["load", "store"]
+__all__ = ["as_cached", "cache_dir", "load", "store"]
 
 _FORMAT = 3
+
+
+def cache_dir() -> pathlib.Path | None:
+    """The directory of the kernel entries, ``None`` when the cache is off."""
+    return _kernel_dir()
 
 
 def _kernel_dir() -> pathlib.Path | None:
@@ -82,18 +87,10 @@ def store(config: Config, name: str, concrete: Any) -> Callable[..., Any] | None
         log.debug("kernel %s captures tensors: not cached", name)
         return None
     key = _entry_key(config, name)
-    library = function_pb2.FunctionDefLibrary()
-    library.function.extend(concrete.graph.as_graph_def().library.function)
-    library.function.append(concrete.function_def)
-    main = _renamed(library)[concrete.function_def.signature.name]
-    count = len(concrete.function_def.signature.output_arg)
-    numbers = iter(range(count))
     try:
-        outputs = _numbered(concrete.structured_outputs, numbers)
-        if next(numbers, None) is not None:
-            raise TypeError("fewer tensors than the function's outputs")
+        library, main, count, outputs = _by_content(concrete)
     except (TypeError, StopIteration) as err:
-        log.debug("kernel %s not cached: its outputs are not %d tensors: %s", name, count, err)
+        log.debug("kernel %s not cached: its outputs are not tensors: %s", name, err)
         return None
     payload = library.SerializeToString(deterministic=True)
     header = {
@@ -116,6 +113,35 @@ def store(config: Config, name: str, concrete: Any) -> Callable[..., Any] | None
                 os.unlink(temporary)
     else:
         log.debug("kernel %s traced and written to %s", name, root / f"{key}.kernel")
+    return _called_by_name(library, main, count, outputs)
+
+
+def _by_content(concrete: Any) -> tuple[function_pb2.FunctionDefLibrary, str, int, Any]:
+    """``concrete``'s function library with every function renamed after its content
+    (:func:`_renamed`): ``(library, main, count, outputs)``, ``main`` the name of the
+    function itself, ``count`` its outputs, ``outputs`` their structure (:func:`_numbered`).
+    Raises ``TypeError`` when its outputs are not tensors in tuples."""
+    library = function_pb2.FunctionDefLibrary()
+    library.function.extend(concrete.graph.as_graph_def().library.function)
+    library.function.append(concrete.function_def)
+    main = _renamed(library)[concrete.function_def.signature.name]
+    count = len(concrete.function_def.signature.output_arg)
+    numbers = iter(range(count))
+    outputs = _numbered(concrete.structured_outputs, numbers)
+    if next(numbers, None) is not None:
+        raise TypeError(f"fewer tensors than the function's {count} outputs")
+    return library, main, count, outputs
+
+
+def as_cached(function: Any) -> Callable[..., Any]:
+    """``function`` (a ``tf.function`` with an input signature, called eagerly) as the
+    kernels of the cache call it: renamed after its content. XLA keys its compiles by
+    function name, so a compiled function called this way and from a cached kernel is
+    compiled once for both. With the cache off, ``function`` itself (the kernels call it
+    by its own name then)."""
+    if _kernel_dir() is None:
+        return function  # type: ignore[no-any-return]
+    library, main, count, outputs = _by_content(function.get_concrete_function())
     return _called_by_name(library, main, count, outputs)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import tensorflow as tf
@@ -38,6 +39,8 @@ OP_BY_OP_ALWAYS = frozenset(["snapshot", "export_all", "export_changes", "prepar
 #: once, may each be given the other's bounds (an ``InvalidArgumentError``), and the
 #: tables of a variable sharded over devices run there. Traced kernels need no such lock.
 _OP_BY_OP = threading.Lock()
+#: The thread that traces kernels behind op-by-op calls (:meth:`Kernels._trace_behind`).
+_tracer: ThreadPoolExecutor | None = None
 
 
 class Kernels:
@@ -52,6 +55,9 @@ class Kernels:
     def __init__(self, config: Config) -> None:
         self.config = config
         self._eager_calls: dict[str, Any] = {}
+        self._made = threading.Lock()  # one thread loads or traces a kernel at a time
+        self._tracing = threading.Lock()
+        self._traces: dict[str, Future[Any]] = {}
         names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
         names += ["clear", "prepare", "export_all", "export_changes", "forget_removed", "size"]
         names.append("compile_load")
@@ -74,6 +80,7 @@ class Kernels:
         added, grouped: what ``Session.run`` fetches to run it.
         """
         if tf.executing_eagerly() and self._runs_op_by_op(name, args):
+            self._trace_behind(name)
             return self._op_by_op(name, mutex, state, args)
         handles = tuple(v.handle for v in state)
         if tf.executing_eagerly():
@@ -82,12 +89,14 @@ class Kernels:
         return with_graph_op(lambda: getattr(self, name)(mutex, handles, *args))
 
     def _runs_op_by_op(self, name: str, args: tuple[Any, ...]) -> bool:
-        """Whether an eager call runs its ops one by one instead of as the traced kernel:
-        bulk calls (see :data:`OP_BY_OP`), whose ops each take long enough that running
-        them from Python costs little, and which a new process would otherwise first
-        trace (an insert: about 0.5 s). A fixed-shape table's kernels check room first:
-        always traced."""
-        if self.config.fixed_shapes:
+        """Whether an eager call runs its ops one by one: a bulk call (see
+        :data:`OP_BY_OP_KEYED`, :data:`OP_BY_OP_ALWAYS`) while the traced kernel is not
+        ready. Its ops each take long enough that running them from Python costs little
+        (the traced kernel is faster still, its ops run side by side), and the first such
+        call of a new process would otherwise wait for the trace (an insert: about 0.5 s),
+        which runs in the background instead (:meth:`_trace_behind`). A fixed-shape
+        table's kernels check room first: always traced."""
+        if self.config.fixed_shapes or name in self._eager_calls:
             return False
         if name in OP_BY_OP_ALWAYS:
             return True
@@ -110,12 +119,31 @@ class Kernels:
             finally:
                 del lock  # released with the last reference to its tensor
 
+    def _trace_behind(self, name: str) -> None:
+        """Have a background thread make kernel ``name`` ready for eager calls
+        (:meth:`_eager`), unless one has."""
+        global _tracer
+        with self._tracing:
+            if name in self._traces:
+                return
+            if _tracer is None:
+                _tracer = ThreadPoolExecutor(1, thread_name_prefix="de_store-trace")
+            self._traces[name] = _tracer.submit(self._eager, name)
+
     def _eager(self, name: str) -> Any:
         """Kernel ``name`` for eager calls, taking its inputs flat: from the kernel cache
-        (:mod:`._kernel_cache`), or traced now and written there."""
+        (:mod:`._kernel_cache`), or traced now and written there; once, whichever thread
+        asks first."""
         known = self._eager_calls.get(name)
         if known is not None:
             return known
+        with self._made:
+            known = self._eager_calls.get(name)
+            if known is None:
+                known = self._eager_calls[name] = self._made_eager(name)
+        return known
+
+    def _made_eager(self, name: str) -> Any:
         function = getattr(self, name)
         specs = tf.nest.flatten(function.input_signature)
         kernel = _kernel_cache.load(self.config, name)
@@ -129,7 +157,6 @@ class Kernels:
                 *(tf.convert_to_tensor(x, s.dtype) for x, s in zip(flat, specs, strict=True))
             )
 
-        self._eager_calls[name] = call
         return call
 
     @staticmethod

@@ -14,6 +14,10 @@ function on a stand-in index of the same shape and dtype on the same device (a v
 holding uninitialised memory and no row of any table, with no key taking part: the probes
 read it, nothing is written). Later calls of the shape run compiled once that is done.
 The stand-in's memory is only reserved: the rounds read the slots of a few padding keys.
+The compiled functions are called by the names the cached kernels call them
+(:func:`~._kernel_cache.as_cached`), from a traced function as the kernels call them:
+XLA keys its compiles by function name and call options (which calls from a graph do not
+have), so that one compile serves the eager calls and the traced kernels.
 
 Inside a ``tf.function`` (a traced kernel), the compiled functions are called directly,
 as XLA requires of a graph: nothing here is asked.
@@ -29,7 +33,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from de_store.tables import _kernel_cache
 from de_store.tables._index import plain
+from de_store.tables._locking import unoptimized_calls
 
 log = logging.getLogger("de_store")
 
@@ -40,6 +46,7 @@ _lock = threading.Lock()
 _compiled: set[Hashable] = set()
 _pending: dict[Hashable, concurrent.futures.Future[None]] = {}
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+_callables: dict[Hashable, Any] = {}
 
 
 def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
@@ -50,7 +57,8 @@ def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
         return function(index.handle, *args)
     signature = _signature(function, index, args)
     if signature in _compiled:
-        return function(index.handle, *args)
+        with unoptimized_calls():
+            return _as_cached(function)(index.handle, *args)
     _start(signature, function, index, args)
     return plain[function](index.handle, *args)
 
@@ -112,8 +120,28 @@ def _compile(
             trainable=False,
         )
         args = [_zeros(spec) for spec in specs]
-        function(stand_in.handle, *args)
+        with unoptimized_calls():
+            _as_cached(function)(stand_in.handle, *args)
         del stand_in
+
+
+def _as_cached(function: Any) -> Any:
+    """``function`` called by the name the traced kernels call it
+    (:func:`~._kernel_cache.as_cached`): one XLA compile serves both."""
+    key = (function, _kernel_cache.cache_dir())
+    with _lock:
+        known = _callables.get(key)
+    if known is None:
+        # Called from a traced function, as the kernels call it: XLA's key of an eager
+        # call holds the call options too, that of a call in a graph does not.
+        def in_graph(*args: tf.Tensor) -> Any:
+            return function(*args)
+
+        wrapper = tf.function(in_graph, input_signature=function.input_signature, autograph=False)
+        known = _kernel_cache.as_cached(wrapper)
+        with _lock:
+            _callables[key] = known
+    return known
 
 
 def _zeros(spec: tf.TensorSpec) -> tf.Tensor:
