@@ -77,8 +77,8 @@ class S3Backend(FsspecBackend):
         return {"name": full, "size": int(head["ContentLength"]), "type": "file"}
 
     def list(self, prefix: str = "") -> list[str]:
-        """One listing of the keys under ``prefix/`` (s3fs's ``find`` asks for a HEAD and a
-        second listing when there are none, to return the object named ``prefix`` itself)."""
+        """One listing of the keys under ``prefix/``; when it finds none, one HEAD for an
+        object named ``prefix`` itself (s3fs's ``find`` adds a second listing to that)."""
         full = self._full(prefix)
         bucket, _, key = full.partition("/")
         with self._translating("list", prefix):
@@ -87,4 +87,8 @@ class S3Backend(FsspecBackend):
                 found = self.fs.find(bucket, prefix=f"{key}/" if key else "")
             except FileNotFoundError:
                 return []
-        return sorted(self._rel(p) for p in found if not p.endswith("/"))
+            found = [p for p in found if not p.endswith("/")]
+            if not found and key:
+                with contextlib.suppress(FileNotFoundError):
+                    found = [self._file_info(full)["name"]]
+        return sorted(self._rel(p) for p in found)

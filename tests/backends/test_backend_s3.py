@@ -181,8 +181,14 @@ def test_size_and_write_once_ask_one_head_and_list_asks_once(
     assert s3_requests == [("head_object", "root/ckpt/COMMIT"), ("put_object", "root/ckpt/COMMIT")]
     s3_requests.clear()
     assert backend.list("ckpt") == ["ckpt/COMMIT", "ckpt/a.bin"]
+    assert s3_requests == [("list_objects_v2", "root/ckpt/")]
+    s3_requests.clear()
+    assert backend.list("ckpt/a.bin") == ["ckpt/a.bin"]  # a file lists itself
     assert backend.list("empty") == []
-    assert s3_requests == [("list_objects_v2", "root/ckpt/"), ("list_objects_v2", "root/empty/")]
+    assert s3_requests == [
+        ("list_objects_v2", "root/ckpt/a.bin/"), ("head_object", "root/ckpt/a.bin"),
+        ("list_objects_v2", "root/empty/"), ("head_object", "root/empty"),
+    ]  # fmt: skip
     with pytest.raises(FileNotFoundError):
         backend.size("ckpt/missing.bin")
 
