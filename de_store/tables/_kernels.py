@@ -30,9 +30,12 @@ OP_BY_OP_MIN_KEYS = 1 << 16
 OP_BY_OP_KEYED = frozenset(
     ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
 )
-#: Kernels whose eager calls always run op by op: each is a bulk step of a save or a
-#: restore, called once.
-OP_BY_OP_ALWAYS = frozenset(["snapshot", "export_all", "export_changes", "prepare", "compile_load"])
+#: Kernels whose eager calls run op by op until the traced kernel is ready: the bulk
+#: steps of a save.
+OP_BY_OP_BULK = frozenset(["snapshot", "export_all", "export_changes"])
+#: Kernels whose eager calls always run op by op, never traced: a restore's sizing, and its
+#: start of the load's XLA compile, which must not wait for it (:mod:`._xla`).
+OP_BY_OP_ALWAYS = frozenset(["prepare", "compile_load"])
 
 #: Held by every op-by-op call, so that no two threads run one at once: TensorFlow 2.21's
 #: eager strided slices on a device other than the default one, run by two threads at
@@ -80,7 +83,8 @@ class Kernels:
         added, grouped: what ``Session.run`` fetches to run it.
         """
         if tf.executing_eagerly() and self._runs_op_by_op(name, args):
-            self._trace_behind(name)
+            if name not in OP_BY_OP_ALWAYS:
+                self._trace_behind(name)
             return self._op_by_op(name, mutex, state, args)
         handles = tuple(v.handle for v in state)
         if tf.executing_eagerly():
@@ -90,15 +94,19 @@ class Kernels:
 
     def _runs_op_by_op(self, name: str, args: tuple[Any, ...]) -> bool:
         """Whether an eager call runs its ops one by one: a bulk call (see
-        :data:`OP_BY_OP_KEYED`, :data:`OP_BY_OP_ALWAYS`) while the traced kernel is not
+        :data:`OP_BY_OP_KEYED`, :data:`OP_BY_OP_BULK`) while the traced kernel is not
         ready. Its ops each take long enough that running them from Python costs little
         (the traced kernel is faster still, its ops run side by side), and the first such
         call of a new process would otherwise wait for the trace (an insert: about 0.5 s),
         which runs in the background instead (:meth:`_trace_behind`). A fixed-shape
         table's kernels check room first: always traced."""
-        if self.config.fixed_shapes or name in self._eager_calls:
+        if self.config.fixed_shapes:
             return False
         if name in OP_BY_OP_ALWAYS:
+            return True
+        if name in self._eager_calls:
+            return False
+        if name in OP_BY_OP_BULK:
             return True
         if name not in OP_BY_OP_KEYED or not args:
             return False
