@@ -416,8 +416,9 @@ def _merge_and_commit(
     tf_checkpoint: TFCheckpointRef | None,
 ) -> Manifest:
     ranks = [own, *_read_rank_manifests(strategy, topology)]
-    work = strategy.backend.sub(strategy.work)
-    strategy.retry.call(lambda: work.delete(names.BARRIER_DIR, recursive=True))  # all have arrived
+    if topology.proc_size > 1:  # all have arrived (one process writes no arrival file)
+        work = strategy.backend.sub(strategy.work)
+        strategy.retry.call(lambda: work.delete(names.BARRIER_DIR, recursive=True))
     manifest = merge_rank_manifests(ranks, metadata=metadata, tf_checkpoint=tf_checkpoint)
     strategy.commit(manifest)
     return manifest

@@ -75,7 +75,7 @@ def test_kill_9_during_a_save_keeps_the_previous_checkpoint(
     run_worker({**config, "first": "A", "name": "B", "trace_out": str(trace_file)})
     trace = json.loads(trace_file.read_text())
     points = kill_points(trace)
-    assert len(points) >= 12
+    assert len(points) >= 8  # every storage call of the save but most chunks
     for k in points:
         config, url = location_config(location, f"kill-{k}")
         run_worker({**config, "first": "A", "name": "B", "kill_at": ["any", k]}, killed=True)
