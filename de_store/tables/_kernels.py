@@ -61,6 +61,7 @@ class Kernels:
         self._made = threading.Lock()  # one thread loads or traces a kernel at a time
         self._tracing = threading.Lock()
         self._traces: dict[str, Future[Any]] = {}
+        self._missed: set[str] = set()  # not in the kernel cache when first asked
         names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
         names += ["clear", "prepare", "export_all", "export_changes", "forget_removed", "size"]
         names.append("compile_load")
@@ -95,24 +96,25 @@ class Kernels:
     def _runs_op_by_op(self, name: str, args: tuple[Any, ...]) -> bool:
         """Whether an eager call runs its ops one by one: a bulk call (see
         :data:`OP_BY_OP_KEYED`, :data:`OP_BY_OP_BULK`) while the traced kernel is not
-        ready. Its ops each take long enough that running them from Python costs little
-        (the traced kernel is faster still, its ops run side by side), and the first such
-        call of a new process would otherwise wait for the trace (an insert: about 0.5 s),
-        which runs in the background instead (:meth:`_trace_behind`). A fixed-shape
-        table's kernels check room first: always traced."""
+        ready (neither made in this process nor held by the kernel cache). Its ops each
+        take long enough that running them from Python costs little (the traced kernel
+        is faster still, its ops run side by side), and the first such call of a new
+        process would otherwise wait for the trace (an insert: about 0.5 s), which runs
+        in the background instead (:meth:`_trace_behind`). A fixed-shape table's kernels
+        check room first: always traced."""
         if self.config.fixed_shapes:
             return False
         if name in OP_BY_OP_ALWAYS:
             return True
-        if name in self._eager_calls:
-            return False
         if name in OP_BY_OP_BULK:
-            return True
+            return not self._cached(name)
         if name not in OP_BY_OP_KEYED or not args:
             return False
         keys = args[0]
         length = keys.shape[0] if hasattr(keys, "shape") and keys.shape.rank else None
-        return length is not None and length >= OP_BY_OP_MIN_KEYS
+        if length is None or length < OP_BY_OP_MIN_KEYS:
+            return False
+        return not self._cached(name)
 
     def _op_by_op(self, name: str, mutex: tf.Tensor, state: State, args: tuple[Any, ...]) -> Any:
         """Kernel ``name``'s ops run eagerly over the table's variables, holding the lock
@@ -151,14 +153,34 @@ class Kernels:
                 known = self._eager_calls[name] = self._made_eager(name)
         return known
 
+    def _cached(self, name: str) -> bool:
+        """Whether kernel ``name`` is ready for eager calls, loaded from the kernel cache
+        now when it holds the kernel (a few milliseconds; a miss is asked once)."""
+        if name in self._eager_calls:
+            return True
+        if name in self._missed:
+            return False
+        with self._made:
+            if name not in self._eager_calls:
+                kernel = _kernel_cache.load(self.config, name)
+                if kernel is None:
+                    self._missed.add(name)
+                    return False
+                self._eager_calls[name] = self._flat_call(name, kernel)
+        return True
+
     def _made_eager(self, name: str) -> Any:
         function = getattr(self, name)
-        specs = tf.nest.flatten(function.input_signature)
         kernel = _kernel_cache.load(self.config, name)
         if kernel is None:
             # Run as stored: the functions have the names later processes see.
             concrete = function.get_concrete_function()
             kernel = _kernel_cache.store(self.config, name, concrete) or self._traced(function)
+        return self._flat_call(name, kernel)
+
+    def _flat_call(self, name: str, kernel: Any) -> Any:
+        """``kernel`` taking kernel ``name``'s inputs flat, each converted to its dtype."""
+        specs = tf.nest.flatten(getattr(self, name).input_signature)
 
         def call(*flat: Any) -> Any:
             return kernel(
