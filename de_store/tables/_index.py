@@ -244,16 +244,6 @@ _RACE_SIGNATURE = [
     tf.TensorSpec([None], tf.int64),
     tf.TensorSpec([], tf.int64),
 ]
-#: :func:`_first_race` compiled, by ``serial``.
-first_race = {
-    serial: tf.function(
-        functools.partial(_first_race, serial=serial),
-        jit_compile=True,
-        autograph=False,
-        input_signature=_RACE_SIGNATURE,
-    )
-    for serial in (True, False)
-}
 #: Keys per call of :data:`race_from`: one XLA shape per index capacity. Chunks of 16K
 #: to 32K keys did best for the 300K keys the last batch of 10M leaves (64K and 128K
 #: waste more on the padding of the last chunk, which every round of the loop pays).
@@ -261,8 +251,10 @@ CHUNK = 1 << 15
 #: Probe rounds of :data:`race_from` before its race: the keys it gets have probed
 #: already, so more of them meet full slots.
 CHUNK_ROUNDS = 3
-#: :func:`_first_race` from given slots, compiled for chunks of :data:`CHUNK` keys, by
-#: ``serial``: the probe loop of a big insert races the keys left in chunks. In TF ops,
+#: :func:`_first_race` from given slots (a negative one: the home slot), compiled for
+#: chunks of :data:`CHUNK` keys, by ``serial``: a big insert or bulk load races its keys
+#: in chunks, first from their home slots, then the keys left, round after round; one XLA
+#: shape per index capacity serves them all, whatever the batch's size. In TF ops,
 #: each round of that loop cost about 130 ns per key (a gather of the index alone 24 ns,
 #: against 11 ns in XLA); the compiled race, about 50 ns.
 race_from = {
@@ -282,7 +274,7 @@ plain = {
     first_probes: first_probes.python_function,
     **{
         race[serial]: functools.partial(_first_race, serial=serial, compiled=False)
-        for race in (first_race, race_from)
+        for race in (race_from,)
         for serial in (True, False)
     },
 }

@@ -3,9 +3,10 @@ of each key, and claiming or placing a slot for each.
 
 Every function here builds TensorFlow ops only (no Python control flow on tensor values),
 so it traces inside ``tf.function`` and runs on whatever device the table lives on.
-:class:`ProbeOps` probes one table's index; big batches start with the compiled first
-probe rounds of :mod:`._index`, and big inserts go on in the claim loop of
-:mod:`._claim_loop`. The operations built on these probes are in :mod:`._table_ops`.
+:class:`ProbeOps` probes one table's index; big lookups start with the compiled first
+probe rounds of :mod:`._index`, big inserts and loads with the compiled races of
+:mod:`._claim_loop`, chunk after chunk, and big inserts go on in its claim loop. The
+operations built on these probes are in :mod:`._table_ops`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from de_store.tables import _xla
-from de_store.tables._claim_loop import claim_loop, probe_rounds
+from de_store.tables._claim_loop import claim_loop, probe_rounds, race_chunks
 from de_store.tables._index import (
     COMPILED_MIN_KEYS,
     EMPTY,
     first_probes,
-    first_race,
     home_slots,
     next_slots,
     padded,
@@ -73,7 +73,7 @@ class ProbeOps:
 
     def find_or_claim(self, keys: tf.Tensor, base: tf.Tensor) -> Claims:
         """``probe`` claiming empty slots, key ``i`` with the token ``base + i``; big
-        batches start with :func:`~._index.first_race`."""
+        batches start with a compiled race from the keys' home slots (:meth:`_first_race`)."""
         return Claims(
             *tf.cond(
                 _count(keys) >= COMPILED_MIN_KEYS,
@@ -90,7 +90,7 @@ class ProbeOps:
         return (none, none, tf.range(n), *got, tf.constant(0, tf.int64))
 
     def _claim_compiled(self, keys: tf.Tensor, base: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        """:func:`~._index.first_race` with the tokens ``base + i``, then
+        """:meth:`_first_race` with the tokens ``base + i``, then
         :func:`~._claim_loop.claim_loop` for the keys left."""
         tokens = tf.range(_count(keys)) + base
         rows, slots, start, counts = self._first_race(keys, tokens)
@@ -105,11 +105,11 @@ class ProbeOps:
         return (slots, rows, left, *got, counts[0])
 
     def _first_race(self, keys: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        """:func:`~._index.first_race` on the batch padded to its size class."""
-        n = _count(keys)
-        race = first_race[self.t.serial_scatter]
-        *got, counts = _xla.call(race, self.t.index, *padded(n, keys, tokens), n)
-        return (*(x[:n] for x in got), counts)
+        """The first race of a big batch, from each key's home slot, chunk after chunk
+        (:func:`~._claim_loop.race_chunks`): the compiled race of :data:`~._index.CHUNK`
+        keys is the one shape XLA compiles per capacity for inserts and loads."""
+        home = tf.fill(tf.shape(keys), tf.constant(-1, tf.int64))
+        return race_chunks(self.t, keys, tokens, home)
 
     # -- the probe loop ----------------------------------------------------------------
     def probe(
@@ -235,7 +235,7 @@ class ProbeOps:
         Keys race for empty slots with their row ids; every loser moves on. Returns how many
         keys broke the precondition (present already, or repeated in ``keys``: the slot
         they lost, or passed, holds their own key); those are not placed. Big batches start
-        with :func:`~._index.first_race`, like big inserts.
+        with :meth:`_first_race`, like big inserts.
         """
         return tf.cond(
             _count(keys) >= COMPILED_MIN_KEYS,
@@ -252,7 +252,7 @@ class ProbeOps:
         return self._place_loop(keys, rows, home)
 
     def _place_compiled(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-        """:func:`~._index.first_race` with the rows as tokens, then the loop for the keys
+        """:meth:`_first_race` with the rows as tokens, then the loop for the keys
         left."""
         _, _, start, counts = self._first_race(keys, rows)
         left = tf.where(start >= 0)[:, 0]

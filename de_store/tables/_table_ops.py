@@ -18,7 +18,7 @@ import tensorflow as tf
 from de_store.tables import _xla
 from de_store.tables._capacity import BATCHES_AHEAD, CapacityOps
 from de_store.tables._change_tracking import STAMP_DTYPE, TrackingOps
-from de_store.tables._index import DELETED, EMPTY, empty_index, first_race, size_class
+from de_store.tables._index import CHUNK, DELETED, EMPTY, empty_index, race_from
 from de_store.tables._types import Claims
 from de_store.tables._variables import count as _count
 from de_store.tables._variables import read_shared, replace, variable_length
@@ -229,16 +229,19 @@ class TableOps(CapacityOps, TrackingOps):
         self.stamp(rows)
 
     def compile_load(self, count: tf.Tensor) -> None:
-        """Run the compiled first race of a bulk load of ``count`` keys with none taking
-        part: XLA compiles it (or loads it from TensorFlow's cache) for the index as it is
-        and ``count``'s size class, and nothing is written (every write of a key that takes
-        no part goes out of bounds, which XLA's scatter skips)."""
-        padding = tf.zeros(tf.reshape(size_class(count), [1]), tf.int64)
-        race = first_race[self.t.serial_scatter]
-        if tf.executing_eagerly():  # compiled in the background (:mod:`._xla`)
-            _xla.prepare(race, self.t.index, padding, padding, tf.constant(0, tf.int64))
+        """Have XLA compile the race a bulk load runs (:data:`~._index.race_from`, chunks
+        of :data:`~._index.CHUNK` keys) for the index as it is, with no key taking part:
+        nothing is written (every write of a key that takes no part goes out of bounds,
+        which XLA's scatter skips). Eagerly the compile runs in the background
+        (:mod:`._xla`). ``count``, the keys of a load batch, is checked by the caller."""
+        del count  # one shape a capacity, whatever the batch
+        chunk = tf.zeros([CHUNK], tf.int64)
+        args = (chunk, chunk, tf.constant(0, tf.int64), chunk)
+        race = race_from[self.t.serial_scatter]
+        if tf.executing_eagerly():
+            _xla.prepare(race, self.t.index, *args)
         else:
-            race(self.t.index.handle, padding, padding, tf.constant(0, tf.int64))
+            race(self.t.index.handle, *args)
 
     def load_distinct(self, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
         """Insert keys absent from the table and distinct among themselves (a bulk load,

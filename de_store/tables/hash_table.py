@@ -29,15 +29,16 @@ Batches are processed in parallel: every key probes at once, in rounds of a
 ``tf.while_loop`` that carry only the keys still unresolved. Keys that reach the same empty
 slot in the same round race for it with a ``scatter_update`` of ``(key, token)``; the one
 read back wins and the losers look at the slot again next round (a duplicate of the winner
-then finds it). Inserts and bulk loads of 16,384 keys or more start with the two compiled
-probe rounds that lookups use (below), and the keys that stopped at an empty slot there
-race for it in the same XLA computation (the other keys' writes go out of bounds, which
-XLA's scatter skips). The keys those rounds left, and the race's losers, go on in a loop
-whose every round runs the same compiled rounds and race over them, in chunks of 32K keys
-(``_claim_loop``: one XLA shape per capacity). A compiled round fuses the gathers, the claim
-scatter and the read-back that TF ops run as separate kernels, which makes it several times
-cheaper a key (``benchmarks/table_bench.py`` times inserts batch by batch,
-docs/benchmarks.md "Table core"). The token of the batch's key ``i`` is the row it gets
+then finds it). Inserts and bulk loads of 16,384 keys or more race in chunks of 32K keys,
+one chunk after the other: each chunk's keys run three compiled probe rounds from their
+home slots, and those that stopped at an empty slot race for it in the same XLA
+computation (the other keys' writes go out of bounds, which XLA's scatter skips). The keys
+those rounds left, and the race's losers, go on in a loop whose every round runs the same
+compiled rounds and race over them, chunk after chunk (``_claim_loop``): one XLA shape per
+index capacity, whatever the batch's size, for inserts and loads alike. A compiled round
+fuses the gathers, the claim scatter and the read-back that TF ops run as separate
+kernels, which makes it several times cheaper a key (``benchmarks/table_bench.py`` times
+inserts batch by batch). The token of the batch's key ``i`` is the row it gets
 (``next_row + i``) when at most 1/16 of the keys are present or repeated and no freed row
 waits: the claims then wrote the final entries, but for the few new keys whose token lies
 past the batch's new rows, which move into the rows of the keys found; otherwise the new
