@@ -1,9 +1,11 @@
 """XLA compiles of the compiled probe rounds for eager bulk calls, made off the caller's path.
 
-The first probe rounds of big batches are XLA computations (:mod:`._index`), compiled for
-each index capacity and batch size class: 0.2-0.5 s each on a CPU, paid by the first
-call of each shape in a process. A table filled or restored in a new process meets one or
-two such shapes per function, and would pay their compiles before its first rows are in.
+The races of big inserts and loads (in chunks of 32K keys, one shape per index capacity)
+and the first probe rounds of big lookups (per capacity and batch size class) are XLA
+computations (:mod:`._index`): about 0.4 s each to compile on the development machine,
+paid by the first call of each shape in a process. A table filled or restored in a new
+process meets one or two capacities, and would pay their compiles before its first rows
+are in.
 
 An eager bulk call (a big insert, lookup or a restore's load, run op by op by
 :class:`~._kernels.Kernels`) asks :func:`call` instead of calling the compiled function:
