@@ -52,7 +52,7 @@ def race_chunks(
 ) -> tuple[tf.Tensor, ...]:
     """:data:`~._index.race_from` over every key, chunk after chunk of
     :data:`~._index.CHUNK` keys (the last one padded): ``(rows, slots, start,
-    counts)`` as :func:`~._index._first_race` gives them, for keys probing from
+    counts)`` as :func:`~._index._race_from` gives them, for keys probing from
     ``start``."""
     n = _count(keys)
     chunks = tf.cast((n + CHUNK - 1) // CHUNK, tf.int32)

@@ -183,20 +183,19 @@ def _probe_rounds(
     return rows, stop, pos
 
 
-def _first_race(
+def _race_from(
     index_handle: tf.Tensor,
     keys: tf.Tensor,
     tokens: tf.Tensor,
     count: tf.Tensor,
-    start: tf.Tensor | None = None,
+    start: tf.Tensor,
     *,
     serial: bool,
     compiled: bool = True,
 ) -> tuple[tf.Tensor, ...]:
-    """:func:`first_probes`, then one race of the first ``count`` keys that stopped at an
-    empty slot for it, with ``(key, token)`` entries, all in one XLA computation. Probes
-    start at the home slots, or at ``start`` (:data:`race_from`, :data:`CHUNK_ROUNDS`
-    rounds).
+    """:data:`CHUNK_ROUNDS` probe rounds from ``start`` (from the home slot where it is
+    negative), then one race of the first ``count`` keys that stopped at an empty slot for
+    it, with ``(key, token)`` entries, all in one XLA computation.
 
     Returns ``(rows, slots, start, counts)``: the row of each key found (a claim token:
     a repeat of a winner), the token of each winner, ``EMPTY`` for the others; the slot
@@ -211,8 +210,7 @@ def _first_race(
     TensorFlow's scatter refuses an index out of bounds.
     """
     index = handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
-    rounds = COMPILED_ROUNDS if start is None else CHUNK_ROUNDS
-    rows, stop, pos = _probe_rounds(index, keys, start, rounds)
+    rows, stop, pos = _probe_rounds(index, keys, start, CHUNK_ROUNDS)
     capacity = variable_length(index)
     real = tf.range(tf.size(keys, out_type=tf.int64)) < count
     claim = tf.logical_and(real, tf.logical_and(stop >= 0, rows < 0))
@@ -238,12 +236,6 @@ def _first_race(
     return tf.where(won, tokens, rows), slots, start, counts
 
 
-_RACE_SIGNATURE = [
-    tf.TensorSpec([], tf.resource),
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([], tf.int64),
-]
 #: Keys per call of :data:`race_from`: one XLA shape per index capacity. Chunks of 16K
 #: to 32K keys did best for the 300K keys the last batch of 10M leaves (64K and 128K
 #: waste more on the padding of the last chunk, which every round of the loop pays).
@@ -251,7 +243,7 @@ CHUNK = 1 << 15
 #: Probe rounds of :data:`race_from` before its race: the keys it gets have probed
 #: already, so more of them meet full slots.
 CHUNK_ROUNDS = 3
-#: :func:`_first_race` from given slots (a negative one: the home slot), compiled for
+#: :func:`_race_from` from given slots (a negative one: the home slot), compiled for
 #: chunks of :data:`CHUNK` keys, by ``serial``: a big insert or bulk load races its keys
 #: in chunks, first from their home slots, then the keys left, round after round; one XLA
 #: shape per index capacity serves them all, whatever the batch's size. In TF ops,
@@ -259,10 +251,16 @@ CHUNK_ROUNDS = 3
 #: against 11 ns in XLA); the compiled race, about 50 ns.
 race_from = {
     serial: tf.function(
-        functools.partial(_first_race, serial=serial),
+        functools.partial(_race_from, serial=serial),
         jit_compile=True,
         autograph=False,
-        input_signature=[*_RACE_SIGNATURE, tf.TensorSpec([None], tf.int64)],
+        input_signature=[
+            tf.TensorSpec([], tf.resource),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([], tf.int64),
+            tf.TensorSpec([None], tf.int64),
+        ],
     )
     for serial in (True, False)
 }
@@ -273,7 +271,7 @@ race_from = {
 plain = {
     first_probes: first_probes.python_function,
     **{
-        race[serial]: functools.partial(_first_race, serial=serial, compiled=False)
+        race[serial]: functools.partial(_race_from, serial=serial, compiled=False)
         for race in (race_from,)
         for serial in (True, False)
     },
