@@ -119,40 +119,14 @@ def test_streamed_read_serves_any_seek_pattern(s3_location: StorageLocation) -> 
         assert f.read(3) == b""
 
 
-def test_sequential_streamed_read_is_one_get(
-    s3_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    backend = s3_location.open()
-    assert isinstance(backend, S3Backend)
-    data = random.Random(6).randbytes(5 * MIB)
-    backend.write_bytes("r.bin", data)
-    calls: list[str] = []
-    call_s3 = backend.fs._call_s3  # type: ignore[attr-defined]
-
-    async def counting(method: str, *args: Any, **kwargs: Any) -> Any:
-        calls.append(method)
-        return await call_s3(method, *args, **kwargs)
-
-    monkeypatch.setattr(backend.fs, "_call_s3", counting)
-    with backend.open_read("r.bin") as f:
-        chunks = [f.read(MIB // 3) for _ in range(16)]
-    assert b"".join(chunks) == data
-    assert calls.count("get_object") == 1
-
-
-def test_streamed_read_goes_on_after_its_connection_drops(s3_location: StorageLocation) -> None:
-    backend = s3_location.open()
-    data = random.Random(7).randbytes(2 * MIB)
-    backend.write_bytes("r.bin", data)
-    with backend.open_read("r.bin") as f:
-        assert f.read(MIB) == data[:MIB]
-        f._raw._body.close()  # type: ignore[attr-defined]  # as a server closing an idle GET
-        assert f.read(MIB) == data[MIB:]
-
-
 @pytest.fixture
-def s3_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Every request s3fs makes from here on, as ``(method, key or prefix)``."""
+def s3_requests(
+    s3_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[str, str]]:
+    """Every request s3fs makes from here on, as ``(method, key or prefix)``.
+
+    Patched on the class, never on an fs instance: fsspec caches instances, and undoing a
+    patch on one leaves an instance attribute that hides later class patches."""
     import s3fs
 
     made: list[tuple[str, str]] = []
@@ -163,7 +137,33 @@ def s3_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         return await call_s3(self, method, *args, **kwargs)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    fs = s3_location.open().fs  # type: ignore[attr-defined]
+    assert type(fs) is s3fs.S3FileSystem and "_call_s3" not in vars(fs), (type(fs), vars(fs))
     return made
+
+
+def test_sequential_streamed_read_is_one_get(
+    s3_location: StorageLocation, s3_requests: list[tuple[str, str]]
+) -> None:
+    backend = s3_location.open()
+    assert isinstance(backend, S3Backend)
+    data = random.Random(6).randbytes(5 * MIB)
+    backend.write_bytes("r.bin", data)
+    s3_requests.clear()
+    with backend.open_read("r.bin") as f:
+        chunks = [f.read(MIB // 3) for _ in range(16)]
+    assert b"".join(chunks) == data
+    assert [m for m, _ in s3_requests].count("get_object") == 1
+
+
+def test_streamed_read_goes_on_after_its_connection_drops(s3_location: StorageLocation) -> None:
+    backend = s3_location.open()
+    data = random.Random(7).randbytes(2 * MIB)
+    backend.write_bytes("r.bin", data)
+    with backend.open_read("r.bin") as f:
+        assert f.read(MIB) == data[:MIB]
+        f._raw._body.close()  # type: ignore[attr-defined]  # as a server closing an idle GET
+        assert f.read(MIB) == data[MIB:]
 
 
 def test_size_and_write_once_ask_one_head_and_list_asks_once(
