@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from de_store._variable_args import InvalidValuesError
     from de_store.compaction import compact
     from de_store.embedding import TrainableWrapper, embedding_lookup, trainable_wrapper_filter
+    from de_store.following import Follower, follow
     from de_store.modes import ModelMode, enable_inference_mode, enable_train_mode, get_model_mode
     from de_store.optimizers import DynamicEmbeddingOptimizer
     from de_store.partition import default_partition_fn
@@ -83,6 +84,8 @@ _LAZY_NAMES = {
     "FileSystemSaver": "de_store.saver",
     "IncrementalPolicy": "de_store.saver.incremental",
     "compact": "de_store.compaction",
+    "follow": "de_store.following",
+    "Follower": "de_store.following",
     "SaveHandle": "de_store.saver",
     "restore": "de_store.saver",
     "save": "de_store.saver",
@@ -134,6 +137,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "compact",
+    "follow",
+    "Follower",
     "default_partition_fn",
     "DynamicEmbeddingOptimizer",
     "embedding_lookup",

@@ -97,7 +97,7 @@ most a few percent of a batch (``benchmarks/table_bench.py``, ``lock``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -222,6 +222,25 @@ class HashTable(TableCore):
         self.removed_at = _variable("removed_at", tf.zeros([16], tf.int64), fixed)
         self.num_removed = _counter("num_removed", 0, fixed)
         self.row_keys = _variable("row_keys", tf.zeros([rows], tf.int64), fixed)
+
+    def adopt(self, state: Sequence[tf.Variable], mutex: Any) -> None:
+        """Work on another table's variables (``_types.State`` order) and mutex from now
+        on: those of a table loaded from a SavedModel, whose saved functions use them, so
+        that this table's writes and those functions' lookups share the table and its lock.
+        Its settings follow the loaded variables (dim, dtype, change tracking)."""
+        names = _types.State._fields
+        if len(state) != len(names):
+            raise ValueError(f"table {self.table_name!r}: adopt takes {len(names)} variables")
+        for name, variable in zip(names, state, strict=True):
+            setattr(self, name, variable)
+        rows = int(tf.shape(self.values)[0])
+        self.dim = int(self.values.shape[-1])
+        self._stored_dtype = self.values.dtype
+        self.track_changes = int(tf.shape(self.stamps)[0]) == rows
+        self._device = self.values.device
+        self._on_host = tf.DeviceSpec.from_string(self._device).device_type == "CPU"
+        self._mutex = mutex
+        self._kernels = _kernels.kernels_for(self._kernel_config(rows))
 
     def _kernel_config(self, rows: int) -> _types.Config:
         """What the table's shared kernels depend on (``rows``: the initial row store)."""

@@ -1,0 +1,183 @@
+"""Reading an update (:class:`~._watch.Update`) and applying it to live tables.
+
+Reading comes first and whole: every shard file of every link is read and checked
+(sizes, crc32c, key buckets) before any table changes, so a damaged checkpoint changes
+nothing. A full link read ``staged`` is held in host memory until applied (a second copy
+of the table's rows); read ``streamed`` it is read twice, once to check it (keeping its
+keys only) and once while it is applied (one part of a file in memory at a time).
+
+Applying runs in steps of at most ``chunk_rows`` keys. Each step is one table operation
+(``upsert`` or ``remove``), atomic under the table's lock, so a lookup running meanwhile
+sees every key's row either as the tables held it before the update or as the update
+leaves it, never a row half written; lookups run between the steps. A full link upserts
+its rows first and then removes the keys the tables hold that it does not, so a key
+present before and after is never missing; deltas then remove their tombstoned keys and
+upsert their rows, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from de_store.backends import Backend, Location
+from de_store.checkpoint import shards
+from de_store.checkpoint.checks import check_link
+from de_store.checkpoint.variable_rows import VALUE_COLUMN
+from de_store.errors import CheckpointError
+from de_store.following._watch import Link, Update
+from de_store.saver.core import IOOptions
+
+#: How a full link is read: held whole, or checked first and read again while applied.
+FULL_LOADS = ("staged", "streamed")
+
+
+@dataclasses.dataclass
+class LinkRows:
+    """One link's keys and values (``values`` None: read again while applied) and its
+    removed keys."""
+
+    link: Link
+    keys: list[np.ndarray]
+    values: list[np.ndarray] | None
+    removed: list[np.ndarray]
+
+
+@dataclasses.dataclass
+class Applied:
+    """What applying an update did: rows upserted and keys removed, over all variables."""
+
+    upserted: int = 0
+    removed: int = 0
+
+
+def check_update(backend: Backend, update: Update, targets: Mapping[str, Any]) -> None:
+    """Check every link's numbers and file sizes, and that it fits its variable."""
+    for name, links in update.links.items():
+        target = targets[name]
+        for link in links:
+            where = Location(backend, link.folder).url
+            check_link(backend, link.folder, link.proc_size, link.entry, where)
+            mine = (target.key_dtype.name, target.value_dtype.name, target.dim)
+            saved = (link.entry.key_dtype, link.entry.value_dtype, link.entry.dim)
+            if mine != saved:
+                raise CheckpointError(
+                    f"variable {name!r}: checkpoint {where} holds (key_dtype, value_dtype, "
+                    f"dim) = {saved}, the followed variable has {mine}"
+                )
+
+
+def read_update(
+    backend: Backend, update: Update, options: IOOptions, full_load: str
+) -> dict[str, list[LinkRows]]:
+    """Every link of ``update`` read and checked; a full link read ``streamed`` keeps its
+    keys only."""
+    read: dict[str, list[LinkRows]] = {}
+    for name, links in update.links.items():
+        read[name] = []
+        for index, link in enumerate(links):
+            keep_values = not (index == 0 and name in update.full and full_load == "streamed")
+            read[name].append(_read_link(backend, link, options, keep_values))
+    return read
+
+
+def _read_link(backend: Backend, link: Link, options: IOOptions, keep_values: bool) -> LinkRows:
+    folder = backend.sub(link.folder)
+    keys: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for record in link.entry.shards:
+        for batch in options.retry.call(
+            functools.partial(_read_file, folder, record, link, options)
+        ):
+            keys.append(batch.keys)
+            if keep_values:
+                values.append(batch.columns[VALUE_COLUMN])
+    removed = [
+        batch.keys
+        for record in link.entry.removed
+        for batch in options.retry.call(
+            functools.partial(_read_file, folder, record, link, options)
+        )
+    ]
+    return LinkRows(link, keys, values if keep_values else None, removed)
+
+
+def _read_file(folder: Backend, record: Any, link: Link, options: IOOptions) -> list[Any]:
+    """One shard file's rows, read whole and checked: the retried step."""
+    return list(_batches(folder, record, link, options))
+
+
+def _batches(folder: Backend, record: Any, link: Link, options: IOOptions) -> Iterator[Any]:
+    parts = shards.parts_for_rank(record, 0, 1)
+    return shards.read_shard_rows(folder, record, parts, buffer_size=options.buffer_size,
+                                  key_dtype=link.entry.key_dtype)  # fmt: skip
+
+
+def apply_update(
+    backend: Backend,
+    update: Update,
+    read: Mapping[str, list[LinkRows]],
+    targets: Mapping[str, Any],
+    options: IOOptions,
+    chunk_rows: int,
+) -> Applied:
+    """Apply what :func:`read_update` read to ``targets`` (variable name -> Variable)."""
+    done = Applied()
+    for name, links in read.items():
+        target = targets[name]
+        if name in update.full:
+            _apply_full(backend, target, links[0], options, chunk_rows, done)
+            links = links[1:]
+        for link in links:
+            _remove(target, link.removed, chunk_rows, done)
+            _upsert(target, zip(link.keys, link.values or [], strict=True), chunk_rows, done)
+    return done
+
+
+def _apply_full(
+    backend: Backend,
+    target: Any,
+    link: LinkRows,
+    options: IOOptions,
+    chunk_rows: int,
+    done: Applied,
+) -> None:
+    """The full link's rows upserted, then the keys it does not hold removed."""
+    live = target.export()[0].numpy()  # the keys held before, their values dropped at once
+    new_keys = np.concatenate(link.keys) if link.keys else np.zeros([0], live.dtype)
+    stale = live[~np.isin(live, new_keys)] if len(live) else live
+    del live
+    if link.values is not None:
+        rows: Any = zip(link.keys, link.values, strict=True)
+    else:  # read again, checked again as it is read
+        folder = backend.sub(link.link.folder)
+        rows = (
+            (batch.keys, batch.columns[VALUE_COLUMN])
+            for record in link.link.entry.shards
+            for batch in _batches(folder, record, link.link, options)
+        )
+    _upsert(target, rows, chunk_rows, done)
+    _remove(target, [stale], chunk_rows, done)
+
+
+def _upsert(target: Any, rows: Any, chunk_rows: int, done: Applied) -> None:
+    import tensorflow as tf
+
+    for keys, values in rows:
+        for start in range(0, len(keys), chunk_rows):
+            end = start + chunk_rows
+            target.upsert(tf.constant(keys[start:end]), tf.constant(values[start:end]))
+            done.upserted += len(keys[start:end])
+
+
+def _remove(target: Any, removed: list[np.ndarray], chunk_rows: int, done: Applied) -> None:
+    import tensorflow as tf
+
+    for keys in removed:
+        for start in range(0, len(keys), chunk_rows):
+            target.remove(tf.constant(keys[start : start + chunk_rows]))
+            done.removed += len(keys[start : start + chunk_rows])

@@ -1,0 +1,178 @@
+"""What a follower sees of a checkpoint root: the committed checkpoints, and the links
+that take its tables from the checkpoint they hold to the newest one.
+
+One poll is one listing of the root (every file under it): a folder holding a
+``COMMIT-*`` record outside any staging folder (``NAME.pending``) or moved-aside copy
+(``NAME.replaced-*``) is a committed checkpoint, at its highest generation. Its commit time
+comes from that record, read once per ``(folder, generation)``.
+
+The links to apply are found by walking parents from the newest checkpoint back, one
+manifest per link, until each followed variable reaches either the checkpoint the
+follower last applied (same folder, same manifest ``created``: its deltas apply on top)
+or a full entry (a full load, then the deltas after it). The last applied checkpoint
+itself is never read again, so gc may delete it once a newer full checkpoint exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import posixpath
+from collections.abc import Sequence
+from typing import cast
+
+from de_store.backends import Backend, Location
+from de_store.checkpoint import names
+from de_store.checkpoint.chain import parent_folder
+from de_store.checkpoint.commit import parse_commit_record, read_manifest
+from de_store.checkpoint.manifest import Manifest, VariableEntry
+from de_store.checkpoint.retry import RetryPolicy
+from de_store.errors import CheckpointError
+
+
+@dataclasses.dataclass(frozen=True)
+class Committed:
+    """A committed checkpoint of the root: its folder, generation and commit time."""
+
+    folder: str
+    generation: int
+    committed: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    """The checkpoint a follower's tables hold: folder and manifest ``created``."""
+
+    folder: str
+    created: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One link to apply to one variable: the folder it was saved in, its entry and the
+    number of processes that saved it."""
+
+    folder: str
+    entry: VariableEntry
+    proc_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """What takes the followed variables to the checkpoint ``target``.
+
+    ``links[name]`` are the links of variable ``name`` in the order they apply; ``full``
+    names the variables whose first link is a full load (it replaces their content).
+    """
+
+    target: Committed
+    manifest: Manifest
+    links: dict[str, list[Link]]
+    full: frozenset[str]
+
+    @property
+    def rows(self) -> int:
+        """Rows and removed keys the update reads."""
+        return sum(li.entry.rows + li.entry.removed_rows for ls in self.links.values() for li in ls)
+
+
+def committed_generations(backend: Backend) -> dict[str, int]:
+    """Every committed checkpoint folder under ``backend`` -> its highest generation, from
+    one listing."""
+    found: dict[str, int] = {}
+    for path in backend.list(""):
+        head, base = posixpath.split(path)
+        generation = names.commit_generation(base)
+        if generation is None or not head:
+            continue
+        parts = head.split("/")
+        if any(names.is_pending(p) or names.REPLACED_INFIX in p for p in parts):
+            continue
+        found[head] = max(found.get(head, 0), generation)
+    return found
+
+
+def commit_time(backend: Backend, folder: str, generation: int) -> float:
+    """The commit time recorded by ``folder``'s commit record of ``generation``."""
+    marker = backend.join(folder, names.commit_name(generation))
+    try:
+        record = parse_commit_record(backend.read_bytes(marker))
+        return float(cast(float, record["committed"]))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"{Location(backend, marker).url}: commit record is not valid ({err})"
+        ) from err
+
+
+def plan_update(
+    backend: Backend,
+    target: Committed,
+    variables: Sequence[str],
+    applied: Applied | None,
+    retry: RetryPolicy,
+) -> Update:
+    """The links that take ``variables`` from ``applied`` to ``target``.
+
+    Raises
+    ------
+    CheckpointError
+        A link of the chain is missing, not committed, rewritten since its child was saved
+        (the chain is broken), or a variable is not in the checkpoint.
+    """
+    folder, manifest = retry.call(lambda: read_manifest(backend, target.folder))
+    top = Location(backend, target.folder).url
+    for name in variables:
+        manifest.variable(name, top)  # a followed variable missing: refused up front
+    pending = set(variables)
+    links: dict[str, list[Link]] = {name: [] for name in variables}
+    full: set[str] = set()
+    link, link_manifest = folder, manifest
+    seen: set[str] = set()
+    while True:
+        if link in seen:
+            raise CheckpointError(f"checkpoint {Location(backend, link).url} is its own ancestor")
+        seen.add(link)
+        for name in sorted(pending):
+            entry = link_manifest.variables.get(name)
+            if entry is None:
+                raise CheckpointError(
+                    f"checkpoint {top}: variable {name!r} is a delta on "
+                    f"{Location(backend, link).url}, which has no variable {name!r}"
+                )
+            links[name].append(Link(link, entry, link_manifest.proc_size))
+            if not entry.incremental:
+                full.add(name)
+                pending.discard(name)
+        parent = link_manifest.parent
+        if not pending:
+            break
+        if parent is None:
+            raise CheckpointError(
+                f"checkpoint {Location(backend, link).url}: variables {sorted(pending)} are "
+                "incremental but the manifest names no parent"
+            )
+        parent_at = parent_folder(backend, link, parent)
+        if applied is not None and (parent_at, link_manifest.parent_created) == (
+            applied.folder,
+            applied.created,
+        ):
+            break  # the rest applies on what the tables hold
+        child, expected = Location(backend, link).url, link_manifest.parent_created
+        try:
+            link, link_manifest = retry.call(functools.partial(read_manifest, backend, parent_at))
+        except CheckpointError as err:
+            raise CheckpointError(
+                f"checkpoint {child} depends on a link that cannot be read: {err}"
+            ) from err
+        if link_manifest.created != expected:
+            raise CheckpointError(
+                f"checkpoint {child} depends on {Location(backend, link).url}, which was "
+                f"rewritten after it was saved (its manifest was created at "
+                f"{link_manifest.created}, expected {expected})"
+            )
+    return Update(
+        target,
+        manifest,
+        {name: ls[::-1] for name, ls in links.items()},
+        frozenset(full),
+    )
