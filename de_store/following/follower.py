@@ -91,6 +91,10 @@ class Follower:
         Most keys one table operation applies: lookups wait at most one such step.
     retry
         Retries of each storage step.
+    on_apply
+        Called with each :class:`AppliedCheckpoint` right after it is applied, in the
+        thread that applied it, before the next poll (a serving cache to refresh, a
+        metric to export); an exception it raises is logged at ERROR.
     start
         Start the background thread now; else call :meth:`start` or :meth:`poll`.
     """
@@ -105,6 +109,7 @@ class Follower:
         full_load: str = "staged",
         chunk_rows: int = 16384,
         retry: RetryPolicy | None = None,
+        on_apply: Callable[[AppliedCheckpoint], object] | None = None,
         start: bool = True,
     ) -> None:
         if full_load not in _apply.FULL_LOADS:
@@ -122,6 +127,7 @@ class Follower:
         self.full_load = full_load
         self.chunk_rows = chunk_rows
         self._options = IOOptions(retry=retry or RetryPolicy())
+        self.on_apply = on_apply
         self._times: dict[tuple[str, int], float] = {}
         self._refused: set[tuple[str, int]] = set()
         self._holds: _watch.Applied | None = None
@@ -264,6 +270,11 @@ class Follower:
         logger.info("following %s: applied %s (%s): %d rows upserted, %d keys removed, lag %.3f s",
                     self.url, where, applied.kind, applied.upserted, applied.removed,
                     applied.lag_s)  # fmt: skip
+        if self.on_apply is not None:
+            try:
+                self.on_apply(applied)
+            except Exception:
+                logger.exception("following %s: on_apply failed for %s", self.url, where)
         return applied
 
 
