@@ -267,8 +267,8 @@ class Follower:
             self._holds_commit = (target.folder, target.generation, target.committed)
             self.history.append(applied)
             self._changed.notify_all()
-        logger.info("following %s: applied %s (%s): %d rows upserted, %d keys removed, lag %.3f s",
-                    self.url, where, applied.kind, applied.upserted, applied.removed,
+        logger.info("following %s: applied %s (%s): %s rows upserted, %s keys removed, lag %.3f s",
+                    self.url, where, applied.kind, f"{applied.upserted:,}", f"{applied.removed:,}",
                     applied.lag_s)  # fmt: skip
         if self.on_apply is not None:
             try:
