@@ -70,11 +70,6 @@ class Update:
     links: dict[str, list[Link]]
     full: frozenset[str]
 
-    @property
-    def rows(self) -> int:
-        """Rows and removed keys the update reads."""
-        return sum(li.entry.rows + li.entry.removed_rows for ls in self.links.values() for li in ls)
-
 
 def committed_generations(backend: Backend) -> dict[str, int]:
     """Every committed checkpoint folder under ``backend`` -> its highest generation, from
