@@ -6,13 +6,18 @@ nothing. A full link read ``staged`` is held in host memory until applied (a sec
 of the table's rows); read ``streamed`` it is read twice, once to check it (keeping its
 keys only) and once while it is applied (one part of a file in memory at a time).
 
-Applying runs in steps of at most ``chunk_rows`` keys. Each step is one table operation
-(``upsert`` or ``remove``), atomic under the table's lock, so a lookup running meanwhile
-sees every key's row either as the tables held it before the update or as the update
-leaves it, never a row half written; lookups run between the steps. A full link upserts
-its rows first and then removes the keys the tables hold that it does not, so a key
-present before and after is never missing; deltas then remove their tombstoned keys and
-upsert their rows, in order.
+Applying runs in steps of at most ``chunk_rows`` keys. Each step is one operation on each
+table shard (insert or remove), atomic under that table's mutex, so a lookup running
+meanwhile sees every key's row either as the tables held it before the update or as the
+update leaves it, never a row half written; lookups run between the steps. The steps call
+the table shards directly, not the Variable's eager methods: those hold the Variable's
+Python lock, which a thread looking up in a loop takes again as soon as it lets it go, so
+a writer waiting for it could wait for as long as the lookups go on. A TensorFlow mutex
+hands itself to its waiters in turn.
+
+A full link upserts its rows first and then removes the keys the tables hold that it does
+not, so a key present before and after is never missing; deltas then remove their
+tombstoned keys and upsert their rows, in order.
 """
 
 from __future__ import annotations
@@ -165,19 +170,36 @@ def _apply_full(
 
 
 def _upsert(target: Any, rows: Any, chunk_rows: int, done: Applied) -> None:
-    import tensorflow as tf
-
     for keys, values in rows:
         for start in range(0, len(keys), chunk_rows):
             end = start + chunk_rows
-            target.upsert(tf.constant(keys[start:end]), tf.constant(values[start:end]))
+            write(target, keys[start:end], values[start:end])
             done.upserted += len(keys[start:end])
 
 
 def _remove(target: Any, removed: list[np.ndarray], chunk_rows: int, done: Applied) -> None:
-    import tensorflow as tf
-
     for keys in removed:
         for start in range(0, len(keys), chunk_rows):
-            target.remove(tf.constant(keys[start : start + chunk_rows]))
-            done.removed += len(keys[start : start + chunk_rows])
+            chunk = keys[start : start + chunk_rows]
+            for variable in (target, *target.companions().values()):
+                write(variable, chunk)
+            done.removed += len(chunk)
+
+
+def write(variable: Any, keys: np.ndarray, values: np.ndarray | None = None) -> None:
+    """Insert ``keys`` with ``values`` into ``variable``'s table shards (None: remove them),
+    each shard's part as one operation of that shard."""
+    import tensorflow as tf
+
+    key_tensor = tf.constant(keys, variable.key_dtype)
+    rows = None if values is None else tf.constant(values, variable.value_dtype)
+    several = len(variable.shards) > 1
+    parts = variable.partition(key_tensor)
+    for core, device, (shard_keys, positions) in zip(
+        variable.shards, variable.devices, parts, strict=True
+    ):
+        with tf.device(device):
+            if rows is None:
+                core.remove(shard_keys)
+            else:
+                core.insert(shard_keys, tf.gather(rows, positions) if several else rows)

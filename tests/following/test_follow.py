@@ -209,13 +209,14 @@ def test_a_full_checkpoint_replaces_the_content_without_emptying_the_table(
     after = set(content(trained)[0].tolist())
     both = tf.constant(sorted(before & after), tf.int64)
     seen = []
-    upsert = served.upsert
+    for core in served.shards:  # each write step of the apply, as lookups see it
 
-    def watching_upsert(keys, values):  # type: ignore[no-untyped-def]
-        seen.append(bool(tf.reduce_all(served.lookup(both, return_exists=True)[1])))
-        return upsert(keys, values)
+        def watching_insert(keys, values, insert=core.insert):  # type: ignore[no-untyped-def]
+            seen.append(bool(tf.reduce_all(served.lookup(both, return_exists=True)[1])))
+            return insert(keys, values)
 
-    served.upsert = watching_upsert  # type: ignore[method-assign]
+        core.insert = watching_insert
+
     applied = follower.poll()
     assert applied is not None and applied.kind == "full"
     assert len(seen) > 10 and all(seen)  # never a key of both checkpoints missing
