@@ -1,16 +1,18 @@
 """A serving process follows a trainer's checkpoints while it answers lookups.
 
 Two processes. The trainer (this script, ``--role trainer``, a child of the run) fills a
-Variable of ``--keys`` x ``--dim`` float32 rows, saves a full checkpoint
-(``de_store.save(..., incremental=True, blocking=True)`` into ``ROOT/ckpt-0``), waits for
-the server to say it holds it, then every ``--interval`` seconds changes ``--change`` of
-the rows (existing keys: the table does not grow) and saves a delta ``ROOT/ckpt-{s}``,
-``--deltas`` times. Every checkpoint also holds a marker row (key ``MARKER``, outside the
+Variable of ``--keys`` x ``--dim`` float32 rows and saves a full checkpoint ``ROOT/ckpt-0``
+(``de_store.save(..., incremental=IncrementalPolicy(...), blocking=True)``). Once the
+server holds it, the trainer changes ``--change`` of the rows every ``--interval`` seconds
+(existing keys: the table does not grow) and saves a delta ``ROOT/ckpt-{s}``, ``--deltas``
+times (``--full-every N``: every Nth save is full, as the default ``IncrementalPolicy``
+makes every tenth). Every checkpoint also holds a marker row (key ``MARKER``, outside the
 data's keys) whose values are its step ``s``.
 
-The server (the run's own process) creates the same Variable empty, starts
-``de_store.follow(variable, ROOT)`` and, once ckpt-0 is applied, looks up 4,096 random
-existing keys plus the marker in a loop, timing each lookup (``time.perf_counter``,
+The server (a process of its own for each store, started by the run) creates the same
+Variable empty, starts ``de_store.follow(variable, ROOT)`` and, once ckpt-0 is applied
+(and ``WARMUP_LOOKUPS`` untimed lookups ran), looks up 4,096 random existing keys plus
+the marker in a loop, timing each lookup (``time.perf_counter`` around
 ``lookup(...).numpy()``) until the marker shows the last step. It measures:
 
 * ``visibility_s``: per delta, the first time a lookup returned the marker at step ``s``
@@ -128,7 +130,8 @@ def role_trainer(args: argparse.Namespace) -> None:
 
 def save(de_store: Any, variable: Any, args: argparse.Namespace, step: int, options: dict) -> None:
     url = f"{args.root}/ckpt-{step}"
-    de_store.save([variable], url, incremental=True, blocking=True, storage_options=options)
+    policy = de_store.IncrementalPolicy(full_every=args.full_every or args.deltas + 1)
+    de_store.save([variable], url, incremental=policy, blocking=True, storage_options=options)
 
 
 # --- the server (this process) ---------------------------------------------------------------
@@ -230,7 +233,8 @@ def follow_and_serve(
     variable = new_variable(args)
     rss = RssSampler()
     follower = de_store.follow(variable, root, storage_options=options,
-                               poll_interval_s=args.poll, start=False)  # fmt: skip
+                               poll_interval_s=args.poll, chunk_rows=args.chunk_rows,
+                               start=False)  # fmt: skip
     windows = Windows(follower)
     try:
         start = time.perf_counter()
@@ -278,7 +282,7 @@ def start_trainer(args: argparse.Namespace, root: str, endpoint: str) -> subproc
     command = [sys.executable, os.path.abspath(__file__), "--role", "trainer", "--root", root,
                "--endpoint", endpoint, "--keys", str(args.keys), "--dim", str(args.dim),
                "--interval", str(args.interval), "--deltas", str(args.deltas),
-               "--change", str(args.change)]  # fmt: skip
+               "--change", str(args.change), "--full-every", str(args.full_every)]  # fmt: skip
     trainer = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert trainer.stdout is not None
     line = trainer.stdout.readline()
@@ -423,6 +427,8 @@ def report(store: str, f: dict[str, Any], args: argparse.Namespace) -> None:
           f"(reference): {f['full_load_over_restore']:.2f}x")  # fmt: skip
     print(f"visibility (first lookup seeing step s - commit of ckpt-s): "
           f"{cell(f['visibility_s'])} [p99 <= 1 s: {met[t['visibility_p99']]}]")  # fmt: skip
+    kinds = [f"{name} {kind}" for name, kind in f["checkpoints_applied"][1:]]
+    print(f"applied after ckpt-0: {', '.join(kinds) or 'none'}")
     if f["steps_not_seen"]:
         print(f"  steps never seen: {f['steps_not_seen']}")
     print(f"lookup of {LOOKUP_IDS + 1:,} keys, idle: {cell(look['idle'], unit='ms')}")
@@ -437,6 +443,7 @@ def report(store: str, f: dict[str, Any], args: argparse.Namespace) -> None:
           f"{f['rss_max_deltas_mb']:,.1f} MiB: growth {f['rss_growth_mb']:.1f} MiB = "
           f"{f['rss_growth_deltas']:.2f} deltas of {np.median(f['delta_bytes']) / 2**20:.1f} "
           f"MiB [<= 2 deltas: {met[t['rss_growth']]}]")  # fmt: skip
+    print(f"memory state: {f['memory_state']} (first touch {f['memory_s_per_gib']:.2f} s per GiB)")
 
 
 # --- main ------------------------------------------------------------------------------------
@@ -447,45 +454,64 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--deltas", type=int, default=15, help="delta saves after ckpt-0")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between deltas")
     parser.add_argument("--change", type=float, default=0.01, help="share of rows a delta changes")
+    parser.add_argument("--full-every", type=int, default=0,
+                        help="the trainer's IncrementalPolicy.full_every (default: only deltas "
+                        "after ckpt-0)")  # fmt: skip
     parser.add_argument("--store", choices=["local", "s3", "both"], default="local")
     parser.add_argument("--poll", type=float, default=0.1, help="the follower's poll interval")
     parser.add_argument("--wait", type=float, default=30.0,
                         help="seconds to wait for a step once the trainer has ended")  # fmt: skip
     parser.add_argument("--wait-full", type=float, default=600.0,
                         help="seconds to wait for ckpt-0 to be applied")  # fmt: skip
+    parser.add_argument("--chunk-rows", type=int, default=16384,
+                        help="the follower's chunk_rows (keys per table operation)")  # fmt: skip
+    parser.add_argument("--phase", choices=["server"], help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=["trainer"], help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
+def phase_server(args: argparse.Namespace) -> None:
+    """One store's run in a process of its own: its RSS holds nothing of another run."""
+    args.dir = tempfile.mkdtemp(prefix="follow_bench_")
+    try:
+        out = run_store(args, args.store, args.endpoint)
+        out.update(memory_state(args))
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    emit(out)
+
+
 def main() -> None:
     args = parse_args()
     if args.role == "trainer":
         return role_trainer(args)
+    if args.phase == "server":
+        return phase_server(args)
     if not marker_is_free(args.keys):
         raise SystemExit(f"the marker key {MARKER} is one of the data's keys")
     stores = ["local", "s3"] if args.store == "both" else [args.store]
-    args.dir = tempfile.mkdtemp(prefix="follow_bench_")
-    stop_moto: Callable[[], None] = lambda: None  # noqa: E731
     result: dict[str, Any] = {"keys": args.keys, "dim": args.dim, "deltas": args.deltas,
-                              "interval_s": args.interval, "change": args.change}  # fmt: skip
+                              "interval_s": args.interval, "change": args.change,
+                              "full_every": args.full_every,
+                              "chunk_rows": args.chunk_rows}  # fmt: skip
+    endpoint, stop_moto = "", None
     try:
-        endpoint = ""
         if "s3" in stores:
             from de_store.testing import servers
 
             endpoint, stop_moto = servers.start_moto_server(in_process=False)
             servers.create_bucket("s3", BUCKET, storage_options(endpoint))
         for store in stores:
-            result[store] = run_store(args, store, endpoint if store == "s3" else "")
+            options = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
+                       if name not in ("store", "endpoint", "phase", "role", "root")]  # fmt: skip
+            where = ["--store", store, "--endpoint", endpoint if store == "s3" else ""]
+            result[store] = harness.run_phase(__file__, "server", [*options, *where])
             report(store, result[store], args)
-        result.update(memory_state(args))
     finally:
-        stop_moto()
-        shutil.rmtree(args.dir, ignore_errors=True)
-    print(f"memory state: {result['memory_state']} "
-          f"(first touch {result['memory_s_per_gib']:.2f} s per GiB)")  # fmt: skip
+        if stop_moto is not None:
+            stop_moto()
     print(json.dumps(result))
 
 
