@@ -36,6 +36,7 @@ from de_store.checkpoint.variable_rows import VALUE_COLUMN
 from de_store.errors import CheckpointError
 from de_store.following._watch import Link, Update
 from de_store.saver.core import IOOptions
+from de_store.saver.rows import load_rows, reserve_shards
 
 #: How a full link is read: held whole, or checked first and read again while applied.
 FULL_LOADS = ("staged", "streamed")
@@ -151,11 +152,16 @@ def _apply_full(
     chunk_rows: int,
     done: Applied,
 ) -> None:
-    """The full link's rows upserted, then the keys it does not hold removed."""
+    """The full link's rows upserted, then the keys it does not hold removed. The tables
+    grow once, for the keys new to them. Tables that hold nothing (the first checkpoint
+    a follower applies, usually) are bulk-loaded in batches of a restore's size: no key
+    of theirs can go missing."""
     live = target.export()[0].numpy()  # the keys held before, their values dropped at once
     new_keys = np.concatenate(link.keys) if link.keys else np.zeros([0], live.dtype)
-    stale = live[~np.isin(live, new_keys)] if len(live) else live
-    del live
+    kept = np.isin(live, new_keys) if len(live) else np.zeros([0], bool)
+    stale = live[~kept]
+    reserve_shards(target, len(new_keys) - int(kept.sum()))
+    del live, kept, new_keys
     if link.values is not None:
         rows: Any = zip(link.keys, link.values, strict=True)
     else:  # read again, checked again as it is read
@@ -165,15 +171,18 @@ def _apply_full(
             for record in link.link.entry.shards
             for batch in _batches(folder, record, link.link, options)
         )
+    if not int(target.size()):
+        _upsert(target, rows, load_rows(target), done, load=True)
+        return
     _upsert(target, rows, chunk_rows, done)
     _remove(target, [stale], chunk_rows, done)
 
 
-def _upsert(target: Any, rows: Any, chunk_rows: int, done: Applied) -> None:
+def _upsert(target: Any, rows: Any, chunk_rows: int, done: Applied, load: bool = False) -> None:
     for keys, values in rows:
         for start in range(0, len(keys), chunk_rows):
             end = start + chunk_rows
-            write(target, keys[start:end], values[start:end])
+            write(target, keys[start:end], values[start:end], load=load)
             done.upserted += len(keys[start:end])
 
 
@@ -186,9 +195,12 @@ def _remove(target: Any, removed: list[np.ndarray], chunk_rows: int, done: Appli
             done.removed += len(chunk)
 
 
-def write(variable: Any, keys: np.ndarray, values: np.ndarray | None = None) -> None:
+def write(
+    variable: Any, keys: np.ndarray, values: np.ndarray | None = None, load: bool = False
+) -> None:
     """Insert ``keys`` with ``values`` into ``variable``'s table shards (None: remove them),
-    each shard's part as one operation of that shard."""
+    each shard's part as one operation of that shard; ``load``: keys none of them holds,
+    bulk-loaded (``load_distinct``)."""
     import tensorflow as tf
 
     key_tensor = tf.constant(keys, variable.key_dtype)
@@ -199,7 +211,10 @@ def write(variable: Any, keys: np.ndarray, values: np.ndarray | None = None) -> 
         variable.shards, variable.devices, parts, strict=True
     ):
         with tf.device(device):
-            if rows is None:
+            shard_rows = None if rows is None else tf.gather(rows, positions) if several else rows
+            if shard_rows is None:
                 core.remove(shard_keys)
+            elif load:
+                core.load_distinct(shard_keys, shard_rows)
             else:
-                core.insert(shard_keys, tf.gather(rows, positions) if several else rows)
+                core.insert(shard_keys, shard_rows)
