@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import de_store as ds
 from de_store.following import AppliedCheckpoint
+from de_store.testing import StorageLocation
 
 TRAINER = Path(__file__).with_name("follow_trainer.py")
 STEPS = 8
@@ -253,3 +254,23 @@ def test_a_checkpoint_of_another_dim_is_refused_with_a_warning(
         )
     )
     assert int(served.size()) == 0
+
+
+def test_a_follower_follows_deltas_on_every_backend(storage_location: StorageLocation) -> None:
+    url, options = storage_location.url, storage_location.storage_options
+    trained = ds.Variable("emb", dim=4)
+    change(trained, 0)
+    ds.save([trained], f"{url}/run/ckpt-0", storage_options=options, incremental=POLICY,
+            blocking=True)  # fmt: skip
+    served = serving_variable()
+    follower = ds.Follower(served, url, storage_options=options, start=False)
+    assert follower.poll().kind == "full"  # type: ignore[union-attr]
+    change(trained, 1)
+    ds.save([trained], f"{url}/run/ckpt-1", storage_options=options, incremental=POLICY,
+            blocking=True)  # fmt: skip
+    applied = follower.poll()
+    assert applied is not None and applied.kind == "delta"
+    assert applied.url == follower.applied == f"{url}/run/ckpt-1"
+    assert follower.poll() is None  # nothing newer
+    np.testing.assert_array_equal(content(served)[0], content(trained)[0])
+    np.testing.assert_array_equal(content(served)[1], content(trained)[1])
