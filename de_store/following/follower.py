@@ -214,6 +214,9 @@ class Follower:
 
     def _newest(self) -> _watch.Committed | None:
         found = _watch.committed_generations(self._backend)
+        present = set(found.items())  # what is remembered of checkpoints gone goes too
+        self._times = {key: at for key, at in self._times.items() if key in present}
+        self._refused &= present
         newest: _watch.Committed | None = None
         for folder, generation in found.items():
             key = (folder, generation)
