@@ -24,10 +24,11 @@ the marker in a loop, timing each lookup (``time.perf_counter`` around
   ``_apply`` method and ``_apply.apply_update`` (the table changes alone, ``write``) to
   record when each starts and ends; a lookup counts as "during" if it overlaps such a
   window. Target: p99 during <= 2x idle p99.
-* ``rss``: the server's RSS (``/proc/self/statm``, sampled every 20 ms in a thread) right
+* ``rss``: the server's RSS (``/proc/self/status``, sampled every 20 ms in a thread) right
   after ckpt-0 is applied, then serving (after ``WARMUP_LOOKUPS`` lookups, whose first
   calls trace and compile), against its maximum while only deltas arrive; the growth
-  over the serving RSS is given in deltas' bytes on storage. Target: growth <= 2 deltas.
+  over the serving RSS is given in deltas' bytes on storage, and that of its anonymous
+  part (``RssAnon``: RSS also counts file pages mapped). Target: growth <= 2 deltas.
 * ``full_load_s``: from ``follow()`` to ckpt-0 applied, against the reference
   ``de_store.restore`` of the same checkpoint into a fresh Variable in the same process,
   run after the follower stopped (its figures are not disturbed).
@@ -136,22 +137,29 @@ def save(de_store: Any, variable: Any, args: argparse.Namespace, step: int, opti
 
 # --- the server (this process) ---------------------------------------------------------------
 class RssSampler:
-    """This process's RSS every ``RSS_INTERVAL_S`` seconds: ``(perf_counter, bytes)``."""
+    """This process's RSS every ``RSS_INTERVAL_S`` seconds: ``(perf_counter, rss, anon)``
+    in bytes (``VmRSS`` and ``RssAnon`` of ``/proc/self/status``: RSS holds file pages
+    mapped too)."""
 
     def __init__(self) -> None:
-        self.samples: list[tuple[float, int]] = []
+        self.samples: list[tuple[float, int, int]] = []
         self._stop = threading.Event()
-        self._page = os.sysconf("SC_PAGE_SIZE")
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def now(self) -> int:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * self._page
+    @staticmethod
+    def now() -> tuple[int, int]:
+        """RSS and its anonymous part, bytes."""
+        found = {}
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(("VmRSS:", "RssAnon:")):
+                    found[line.split(":")[0]] = int(line.split()[1]) * 1024  # kB
+        return found["VmRSS"], found["RssAnon"]
 
     def _run(self) -> None:
         while not self._stop.wait(RSS_INTERVAL_S):
-            self.samples.append((time.perf_counter(), self.now()))
+            self.samples.append((time.perf_counter(), *self.now()))
 
     def stop(self) -> None:
         self._stop.set()
@@ -232,9 +240,9 @@ def follow_and_serve(
 
     variable = new_variable(args)
     rss = RssSampler()
+    chunk = {} if args.chunk_rows is None else {"chunk_rows": args.chunk_rows}
     follower = de_store.follow(variable, root, storage_options=options,
-                               poll_interval_s=args.poll, chunk_rows=args.chunk_rows,
-                               start=False)  # fmt: skip
+                               poll_interval_s=args.poll, start=False, **chunk)  # fmt: skip
     windows = Windows(follower)
     try:
         start = time.perf_counter()
@@ -242,12 +250,12 @@ def follow_and_serve(
         if not follower.wait_for(lambda f: f.applied is not None, args.wait_full):
             raise RuntimeError(f"{root}/ckpt-0 was not applied within {args.wait_full} s")
         out: dict[str, Any] = {"full_load_s": time.perf_counter() - start}
-        out["rss_after_full_bytes"] = rss.now()
+        out["rss_after_full_bytes"] = rss.now()[0]
         batches = lookup_batches(args)
         for batch in batches[:WARMUP_LOOKUPS]:  # the lookup's first calls trace and compile
             variable.lookup(batch).numpy()
         gc.collect()
-        out["rss_serving_bytes"], go = rss.now(), time.perf_counter()
+        (out["rss_serving_bytes"], out["anon_serving_bytes"]), go = rss.now(), time.perf_counter()
         assert trainer.stdin is not None
         trainer.stdin.write("go\n")
         trainer.stdin.flush()
@@ -257,7 +265,8 @@ def follow_and_serve(
         follower.stop()
         windows.close()
         rss.stop()
-    out["rss_max_deltas_bytes"] = max(b for t, b in rss.samples if t >= go)
+    out["rss_max_deltas_bytes"] = max(total for t, total, _ in rss.samples if t >= go)
+    out["anon_max_deltas_bytes"] = max(anon for t, _, anon in rss.samples if t >= go)
     out["commits"] = commit_times(follower)
     out["windows"] = windows
     out["history"] = list(follower.history)
@@ -387,6 +396,7 @@ def figures(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
         "rss_growth_mb": growth / 2**20,
         "delta_bytes": run["delta_bytes"],
         "rss_growth_deltas": growth / delta_bytes,
+        "anon_growth_mb": (run["anon_max_deltas_bytes"] - run["anon_serving_bytes"]) / 2**20,
         "table_keys": run["table_keys"],
         "trainer": run["trainer"],
     }
@@ -421,7 +431,8 @@ def report(store: str, f: dict[str, Any], args: argparse.Namespace) -> None:
     look, t = f["lookup_ms"], f["targets_met"]
     ratio = look["p99_ratio_during"]
     print(f"== {store}: {args.keys:,} x {args.dim} float32, {args.deltas} deltas of "
-          f"{f['trainer']['changed_rows']:,} rows every {args.interval} s")  # fmt: skip
+          f"{f['trainer']['changed_rows']:,} rows every {args.interval} s, follower "
+          f"chunk_rows {args.chunk_rows or 'default'}")  # fmt: skip
     print(f"full load of ckpt-0: follow {f['full_load_s']:.3f} s (table writes "
           f"{f['full_load_write_s']:.3f} s), de_store.restore {f['restore_s']:.3f} s "
           f"(reference): {f['full_load_over_restore']:.2f}x")  # fmt: skip
@@ -443,6 +454,8 @@ def report(store: str, f: dict[str, Any], args: argparse.Namespace) -> None:
           f"{f['rss_max_deltas_mb']:,.1f} MiB: growth {f['rss_growth_mb']:.1f} MiB = "
           f"{f['rss_growth_deltas']:.2f} deltas of {np.median(f['delta_bytes']) / 2**20:.1f} "
           f"MiB [<= 2 deltas: {met[t['rss_growth']]}]")  # fmt: skip
+    print(f"  of which anonymous memory: growth {f['anon_growth_mb']:.1f} MiB = "
+          f"{f['anon_growth_mb'] * 2**20 / np.median(f['delta_bytes']):.2f} deltas")  # fmt: skip
     print(f"memory state: {f['memory_state']} (first touch {f['memory_s_per_gib']:.2f} s per GiB)")
 
 
@@ -459,12 +472,12 @@ def parse_args() -> argparse.Namespace:
                         "after ckpt-0)")  # fmt: skip
     parser.add_argument("--store", choices=["local", "s3", "both"], default="local")
     parser.add_argument("--poll", type=float, default=0.1, help="the follower's poll interval")
-    parser.add_argument("--wait", type=float, default=30.0,
+    parser.add_argument("--wait", type=float, default=60.0,
                         help="seconds to wait for a step once the trainer has ended")  # fmt: skip
     parser.add_argument("--wait-full", type=float, default=600.0,
                         help="seconds to wait for ckpt-0 to be applied")  # fmt: skip
-    parser.add_argument("--chunk-rows", type=int, default=16384,
-                        help="the follower's chunk_rows (keys per table operation)")  # fmt: skip
+    parser.add_argument("--chunk-rows", type=int, default=None,
+                        help="the follower's chunk_rows (default: the follower's own)")  # fmt: skip
     parser.add_argument("--phase", choices=["server"], help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=["trainer"], help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
@@ -505,7 +518,8 @@ def main() -> None:
             servers.create_bucket("s3", BUCKET, storage_options(endpoint))
         for store in stores:
             options = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
-                       if name not in ("store", "endpoint", "phase", "role", "root")]  # fmt: skip
+                       if name not in ("store", "endpoint", "phase", "role", "root")
+                       and value is not None]  # fmt: skip
             where = ["--store", store, "--endpoint", endpoint if store == "s3" else ""]
             result[store] = harness.run_phase(__file__, "server", [*options, *where])
             report(store, result[store], args)
