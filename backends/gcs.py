@@ -4,7 +4,10 @@ gcsfs's experimental zonal/HNS support is switched off (``GCSFS_EXPERIMENTAL_ZB_
 set to false before gcsfs is imported, unless the user set it): with it every call against
 an emulator stalls about 60 s. ``publish`` copies then deletes (the emulator answers 501 to
 ``moveTo``). ``write_once`` uploads with ``ifGenerationMatch=0``, exclusive on real GCS; the
-emulator ignores that precondition, so there only the existence check protects it.
+emulator ignores that precondition, so there only the existence check protects it. A
+streamed write encodes its next chunk while the last one uploads (see :mod:`._gcs_upload`);
+with gcsfs's experimental zonal support switched on, writes go through gcsfs's own file,
+which knows zonal buckets.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 from fsspec.asyn import sync
 from google.auth.exceptions import GoogleAuthError
 
+from ._gcs_upload import ResumableUpload
 from .base import Capabilities
 from .fsspec_generic import FsspecBackend
 
@@ -34,6 +38,14 @@ class GCSBackend(FsspecBackend):
         "retry_timeout", "retry_initial", "retry_maximum", "retry_multiplier",
         "memmove_max_workers",
     )  # fmt: skip
+    #: Bytes per chunk of a streamed write's upload session (a multiple of 256 KiB); an
+    #: object under one chunk goes as one simple upload. Memory: two chunks.
+    upload_chunk_size: int = 16 << 20
+
+    def _open_upload(self, full: str) -> Any:
+        if hasattr(self.fs, "_is_zonal_bucket"):  # gcsfs's experimental filesystem
+            return super()._open_upload(full)
+        return ResumableUpload(self.fs, full, self.upload_chunk_size)
 
     def _file_info(self, full: str) -> dict[str, Any]:
         """One GET of the object's metadata (gcsfs's ``info`` lists the prefix beside it)."""

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import random
+import threading
 from typing import Any, ClassVar
 
 import pytest
 
-from de_store.backends import Backend
+from de_store.backends import Backend, open_backend
 from de_store.backends.gcs import GCSBackend
+from de_store.errors import BackendError, StorageNotFoundError
 from de_store.testing import StorageLocation
 from de_store.testing.backend_suite import BackendTests, race_write_once
 
@@ -67,3 +71,137 @@ def test_size_and_write_once_ask_for_the_one_object(
     assert made[0] == ("GET", "b/de-store-test/o/root/ckpt/COMMIT")
     assert [m for m, _ in made[1:]] == ["POST"]  # the upload, no listing
     assert backend.read_bytes("ckpt/COMMIT") == b"1"
+
+
+CHUNK = 256 << 10  # the smallest chunk GCS takes
+
+
+@pytest.fixture
+def small_chunks(gcs_location: StorageLocation, monkeypatch: pytest.MonkeyPatch) -> GCSBackend:
+    """A GCS backend uploading 256 KiB chunks, checking each upload's MD5 (``consistency``)."""
+    monkeypatch.setattr(GCSBackend, "upload_chunk_size", CHUNK)
+    options = {**gcs_location.storage_options, "consistency": "md5"}
+    backend = open_backend(gcs_location.url, options)
+    assert isinstance(backend, GCSBackend)
+    return backend
+
+
+@pytest.fixture
+def gcs_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every request gcsfs makes from here on, as ``(method, upload type or Content-Range)``.
+
+    Patched on the class, never on an fs instance: fsspec caches instances, and undoing a
+    patch on one leaves an instance attribute that hides later class patches."""
+    import gcsfs
+
+    made: list[tuple[str, str]] = []
+    call = gcsfs.GCSFileSystem._call
+
+    async def counting(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        content_range = (kwargs.get("headers") or {}).get("Content-Range", "")
+        made.append((method, kwargs.get("uploadType", content_range)))
+        return await call(self, method, path, *args, **kwargs)
+
+    monkeypatch.setattr(gcsfs.GCSFileSystem, "_call", counting)
+    return made
+
+
+def test_streamed_write_uploads_chunks_in_order(
+    small_chunks: GCSBackend, gcs_requests: list[tuple[str, str]]
+) -> None:
+    """One session, a chunk a request, the last one carrying the total size; the object
+    appears only then. An object of whole chunks sends no empty last request."""
+    data = random.Random(1).randbytes(3 * CHUNK + 5)
+    with small_chunks.open_write("big.bin") as f:
+        for start in range(0, len(data), 100_000):
+            f.write(memoryview(data)[start : start + 100_000])
+        assert not small_chunks.exists("big.bin")  # invisible until the last chunk
+    assert [r for r in gcs_requests if r[0] != "GET"] == [  # GET: the existence check
+        ("POST", "resumable"),
+        ("POST", "bytes 0-262143/*"),
+        ("POST", "bytes 262144-524287/*"),
+        ("POST", "bytes 524288-786431/*"),
+        ("POST", "bytes 786432-786436/786437"),
+    ]
+    assert small_chunks.read_bytes("big.bin") == data
+    assert small_chunks.stats.bytes_written == len(data)
+    gcs_requests.clear()
+    whole = random.Random(2).randbytes(2 * CHUNK)
+    small_chunks.write_bytes("whole.bin", whole)
+    assert gcs_requests == [
+        ("POST", "resumable"), ("POST", "bytes 0-262143/*"), ("POST", "bytes 262144-524287/524288")
+    ]  # fmt: skip
+    assert small_chunks.read_bytes("whole.bin") == whole
+    gcs_requests.clear()
+    small_chunks.write_bytes("small.bin", b"x" * (CHUNK - 1))
+    assert gcs_requests == [("POST", "multipart")]  # under one chunk: one simple upload
+    assert small_chunks.read_bytes("small.bin") == b"x" * (CHUNK - 1)
+
+
+def test_streamed_write_fills_the_next_chunk_while_one_uploads(
+    small_chunks: GCSBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first chunk's upload is held until the writer has filled the second chunk: a
+    writer that waited for each chunk's answer would never get there."""
+    import gcsfs
+
+    filled = threading.Event()
+    held_chunks: list[str] = []
+    call = gcsfs.GCSFileSystem._call
+
+    async def held(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        content_range = (kwargs.get("headers") or {}).get("Content-Range", "")
+        if content_range.startswith("bytes 0-"):
+            held_chunks.append(content_range)
+            if not await asyncio.to_thread(filled.wait, 30):
+                raise AssertionError("the writer waited for the first chunk's upload")
+        return await call(self, method, path, *args, **kwargs)
+
+    monkeypatch.setattr(gcsfs.GCSFileSystem, "_call", held)
+    data = random.Random(3).randbytes(2 * CHUNK + 1)
+    with small_chunks.open_write("big.bin") as f:
+        f.write(data[: CHUNK + 1])  # the first chunk goes
+        f.write(data[CHUNK + 1 : 2 * CHUNK])  # the second is filled meanwhile
+        filled.set()
+        f.write(data[2 * CHUNK :])  # the second goes once the first is answered
+    assert held_chunks == ["bytes 0-262143/*"]
+    assert small_chunks.read_bytes("big.bin") == data
+
+
+def test_failed_streamed_write_leaves_no_object(small_chunks: GCSBackend) -> None:
+    small_chunks.write_bytes("old.bin", b"old")
+    for path in ("big.bin", "old.bin"):
+        with pytest.raises(RuntimeError, match="boom"), small_chunks.open_write(path) as f:
+            f.write(random.Random(4).randbytes(5 * CHUNK))  # four chunks already sent
+            raise RuntimeError("boom")
+    assert small_chunks.list() == ["old.bin"]
+    assert small_chunks.read_bytes("old.bin") == b"old"
+
+
+def test_failed_chunk_upload_names_the_object(
+    small_chunks: GCSBackend, gcs_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk the store refuses fails the write with the object's URL, and nothing appears;
+    a session that cannot start (no such bucket) too."""
+    import gcsfs
+    from gcsfs.retry import HttpError
+
+    call = gcsfs.GCSFileSystem._call
+
+    async def refusing(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if (kwargs.get("headers") or {}).get("Content-Range", "").startswith("bytes 262144-"):
+            raise HttpError({"code": 400, "message": "chunk refused"})
+        return await call(self, method, path, *args, **kwargs)
+
+    monkeypatch.setattr(gcsfs.GCSFileSystem, "_call", refusing)
+    url = "gs://de-store-test/root/big.bin"
+    with pytest.raises(BackendError) as info, small_chunks.open_write("big.bin") as f:
+        f.write(bytes(4 * CHUNK))
+    assert str(info.value) == (
+        f"cannot write {url}: OSError: cannot upload {url}: HttpError: chunk refused, 400"
+    )
+    assert small_chunks.list() == []
+    missing = open_backend("gs://no-such-bucket/x", gcs_location.storage_options)
+    with pytest.raises(StorageNotFoundError) as lost, missing.open_write("big.bin") as f:
+        f.write(bytes(3 * CHUNK))
+    assert str(lost.value) == "cannot write gs://no-such-bucket/x/big.bin: no such file or object"
