@@ -152,30 +152,72 @@ def _apply_full(
     chunk_rows: int,
     done: Applied,
 ) -> None:
-    """The full link's rows upserted, then the keys it does not hold removed. The tables
-    grow once, for the keys new to them. Tables that hold nothing (the first checkpoint
-    a follower applies, usually) are bulk-loaded in batches of a restore's size: no key
-    of theirs can go missing."""
-    live = target.export()[0].numpy()  # the keys held before, their values dropped at once
-    new_keys = np.concatenate(link.keys) if link.keys else np.zeros([0], live.dtype)
-    kept = np.isin(live, new_keys) if len(live) else np.zeros([0], bool)
-    stale = live[~kept]
-    reserve_shards(target, len(new_keys) - int(kept.sum()))
-    del live, kept, new_keys
-    if link.values is not None:
-        rows: Any = zip(link.keys, link.values, strict=True)
-    else:  # read again, checked again as it is read
-        folder = backend.sub(link.link.folder)
-        rows = (
-            (batch.keys, batch.columns[VALUE_COLUMN])
-            for record in link.link.entry.shards
-            for batch in _batches(folder, record, link.link, options)
-        )
-    if not int(target.size()):
-        _upsert(target, rows, load_rows(target), done, load=True)
+    """The full link's rows upserted, then the keys it does not hold removed.
+
+    The tables grow once, for the keys new to them. Read ``staged``, only the rows that
+    differ from what the tables hold are written: the tables' rows are exported and
+    compared in host memory (a trainer's full checkpoint differs from the previous one by
+    a delta's rows). Tables that hold nothing (the first checkpoint a follower applies,
+    usually) are bulk-loaded in batches of a restore's size: no key of theirs can go
+    missing.
+    """
+    exported = target.export()  # shared with numpy, not copied (Tensor.numpy() copies)
+    live_keys = np.asarray(exported[0])
+    staged = link.values is not None
+    live_values = np.asarray(exported[1]) if staged and len(live_keys) else None
+    del exported
+    order = np.argsort(live_keys, kind="stable")
+    held_keys = live_keys[order]
+    del live_keys
+    held = np.zeros(len(held_keys), bool)  # held keys the checkpoint holds too
+    found = [_find(held_keys, keys) for keys in link.keys]
+    for at, hit in found:
+        held[at[hit]] = True
+    reserve_shards(target, sum(len(hit) - int(hit.sum()) for _, hit in found))
+    stale = held_keys[~held]
+    del held, held_keys
+    if not len(order):
+        _upsert(target, _rows_of(backend, link, options), load_rows(target), done, load=True)
         return
+    if staged:
+        rows: Any = (
+            _differing(keys, values, live_values[order[at[hit]]], hit)  # type: ignore[index]
+            for keys, values, (at, hit) in zip(link.keys, link.values or [], found, strict=True)
+        )
+    else:
+        rows = _rows_of(backend, link, options)
     _upsert(target, rows, chunk_rows, done)
     _remove(target, [stale], chunk_rows, done)
+
+
+def _find(held_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``keys`` is in the sorted ``held_keys``, and whether it is there."""
+    if not len(held_keys):
+        return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+    at = np.minimum(np.searchsorted(held_keys, keys), len(held_keys) - 1)
+    return at, held_keys[at] == keys
+
+
+def _differing(
+    keys: np.ndarray, values: np.ndarray, held_rows: np.ndarray, hit: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``keys`` not held with those values (``held_rows``: the rows held of the
+    keys where ``hit``)."""
+    same = np.zeros(len(keys), bool)
+    same[hit] = (held_rows == values[hit]).all(axis=1)
+    return keys[~same], values[~same]
+
+
+def _rows_of(backend: Backend, link: LinkRows, options: IOOptions) -> Any:
+    """``(keys, values)`` of a full link: as staged, or read again, checked again."""
+    if link.values is not None:
+        return zip(link.keys, link.values, strict=True)
+    folder = backend.sub(link.link.folder)
+    return (
+        (batch.keys, batch.columns[VALUE_COLUMN])
+        for record in link.link.entry.shards
+        for batch in _batches(folder, record, link.link, options)
+    )
 
 
 def _upsert(target: Any, rows: Any, chunk_rows: int, done: Applied, load: bool = False) -> None:
