@@ -1,5 +1,5 @@
-"""Serving follows training: a trainer saves incremental checkpoints, a server applies each
-one to its live table while it could go on answering lookups.
+"""Serving follows training: a trainer saves incremental checkpoints, and a server applies
+each one to its live table, which lookups can read all the while.
 
 The script starts the trainer as a child process (this script, ``--role trainer``). It
 fills a small Variable, saves a full checkpoint ``ROOT/ckpt-0``, then every ``--interval``
@@ -9,11 +9,12 @@ tenth save, or once the chain's deltas outgrow half of its full checkpoint).
 The main process follows ``ROOT`` with ``de_store.follow`` and prints a line for each
 checkpoint it applies, with the staleness it serves (now minus the checkpoint's commit)::
 
-    serving ckpt-3: 1,034 keys, 14 rows changed, staleness 0.21 s
+    serving ckpt-3: 1,030 keys, 16 rows changed, staleness 0.21 s
 
-After ``--seconds`` (or once the trainer made ``--saves`` deltas) it stops the trainer,
-waits until it serves the trainer's last checkpoint, stops the follower, and prints the
-digest of the trainer's last saved rows and of the rows it serves: they are the same.
+After ``--seconds`` (or once the trainer saved ``--saves`` times after ckpt-0) it stops
+the trainer, waits until it serves the trainer's last checkpoint, stops the follower, and
+prints the digest of the trainer's last saved rows and of the rows it serves: they are
+the same.
 
 Run ``python examples/serve_live.py`` (``--root DIR`` keeps the checkpoints).
 """
