@@ -135,7 +135,7 @@ def save(de_store: Any, variable: Any, args: argparse.Namespace, step: int, opti
     de_store.save([variable], url, incremental=policy, blocking=True, storage_options=options)
 
 
-# --- the server (this process) ---------------------------------------------------------------
+# --- the server (a process of its own for each store) ------------------------------------
 class RssSampler:
     """This process's RSS every ``RSS_INTERVAL_S`` seconds: ``(perf_counter, rss, anon)``
     in bytes (``VmRSS`` and ``RssAnon`` of ``/proc/self/status``: RSS holds file pages
