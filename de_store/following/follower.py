@@ -88,7 +88,10 @@ class Follower:
         streamed load whose second read fails leaves some keys at the new checkpoint and
         the others at the old one, logs a WARNING and loads the next checkpoint whole.
     chunk_rows
-        Most keys one table operation applies: lookups wait at most one such step.
+        Most keys one table operation applies: lookups wait at most one such step. The
+        default stays below the batch size from which an insert runs XLA-compiled
+        (16,384 keys), whose steps took 7-10 ms on a 10M-key table and doubled the lookup
+        p99 of ``benchmarks/follow_bench.py``.
     retry
         Retries of each storage step.
     on_apply
@@ -107,7 +110,7 @@ class Follower:
         storage_options: dict[str, Any] | None = None,
         poll_interval_s: float = 0.1,
         full_load: str = "staged",
-        chunk_rows: int = 16384,
+        chunk_rows: int = 4096,
         retry: RetryPolicy | None = None,
         on_apply: Callable[[AppliedCheckpoint], object] | None = None,
         start: bool = True,
