@@ -25,6 +25,7 @@ import io
 import mimetypes
 from typing import Any
 
+import aiohttp
 from fsspec.asyn import sync
 from gcsfs.checkers import get_consistency_checker
 from gcsfs.core import initiate_upload, simple_upload, upload_chunk
@@ -73,6 +74,8 @@ class ResumableUpload(io.RawIOBase):
         return True
 
     def write(self, data: Any) -> int:
+        if self.closed:
+            raise ValueError(f"write to the closed upload of gs://{self._path}")
         view = memoryview(data).cast("B")
         size, start = view.nbytes, 0
         while start < size:
@@ -169,6 +172,11 @@ class ResumableUpload(io.RawIOBase):
             raise OSError(f"cannot upload gs://{self._path}: the store did not complete it")
         _gcs_result(self._path, self._checker.validate_json_response, made)
 
+    def __del__(self) -> None:
+        """Never complete an upload left unclosed: its object stays unmade."""
+        self._done = True
+        super().__del__()
+
     def discard(self) -> None:
         """Abandon the upload: wait for the chunk in flight, then cancel the session."""
         self._done = True
@@ -194,9 +202,9 @@ class ResumableUpload(io.RawIOBase):
 
 
 def _gcs_result(path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, with gcsfs's errors that are no OSError raised as one naming
-    the object (the backend translates OSError into its own errors)."""
+    """``fn(*args, **kwargs)``, with the errors of gcsfs and aiohttp that are no OSError
+    raised as one naming the object (the backend translates OSError into its own errors)."""
     try:
         return fn(*args, **kwargs)
-    except (HttpError, ChecksumError) as err:
+    except (HttpError, ChecksumError, ValueError, aiohttp.ClientError) as err:
         raise OSError(f"cannot upload gs://{path}: {type(err).__name__}: {err}") from err

@@ -178,6 +178,14 @@ def test_failed_streamed_write_leaves_no_object(small_chunks: GCSBackend) -> Non
     assert small_chunks.read_bytes("old.bin") == b"old"
 
 
+def test_upload_never_closed_makes_no_object(small_chunks: GCSBackend) -> None:
+    """An upload dropped unclosed (its writer gone) is not completed when collected."""
+    upload = small_chunks._open_upload(small_chunks._full("lost.bin"))
+    upload.write(b"x" * (CHUNK - 1))  # what a close would send as one simple upload
+    del upload
+    assert small_chunks.list() == []
+
+
 def test_failed_chunk_upload_names_the_object(
     small_chunks: GCSBackend, gcs_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
 ) -> None:
