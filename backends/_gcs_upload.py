@@ -134,33 +134,31 @@ class ResumableUpload(io.RawIOBase):
             offset = kept
 
     def close(self) -> None:
-        """Send the last chunk, which completes the object (or upload a small one whole)."""
-        if self.closed:
-            return
-        try:
-            if not self._done:
-                self._finish()
-        finally:
+        """Send the last chunk, which completes the object (or upload a small one whole);
+        when that fails, cancel the session. Closing again does nothing."""
+        if self._done:
             super().close()
-
-    def _finish(self) -> None:
+            return
         self._done = True
-        last = memoryview(self._buffer)[: self._filled]
         try:
-            if self._failed:
-                raise OSError(f"cannot upload gs://{self._path}: a chunk of it failed")
-            if self._sent == 0:
-                _gcs_result(self._path, sync, self._fs.loop, simple_upload, self._fs,
-                            self._bucket, self._key, bytes(last),
-                            consistency=self._fs.consistency,
-                            content_type=self._content_type)  # fmt: skip
-            else:
-                self._complete(last)
+            self._finish()
         except BaseException:
             self.discard()
             raise
         self._buffer, self._spare, self._filled = bytearray(), None, 0
         self._fs.invalidate_cache(self._path)
+        super().close()
+
+    def _finish(self) -> None:
+        if self._failed:
+            raise OSError(f"cannot upload gs://{self._path}: a chunk of it failed")
+        last = memoryview(self._buffer)[: self._filled]
+        if self._sent == 0:
+            _gcs_result(self._path, sync, self._fs.loop, simple_upload, self._fs, self._bucket,
+                        self._key, bytes(last), consistency=self._fs.consistency,
+                        content_type=self._content_type)  # fmt: skip
+        else:
+            self._complete(last)
 
     def _complete(self, last: memoryview) -> None:
         self._wait()
