@@ -39,6 +39,12 @@ the marker in a loop, timing each lookup (``time.perf_counter`` around
 Stores: a local temporary folder (``--store local``, the default), S3 on a moto server
 started in a subprocess (``--store s3``), or both (``--store both``).
 
+Allocator (``--malloc``): each store's server runs with glibc's malloc as it comes
+(``default``), with ``MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=131072`` in its
+environment (``tuned``: two arenas instead of one per thread, and buffers of 128 KiB and
+more mapped and returned to the system when freed, instead of kept for reuse), or both,
+one after the other (``both``, the default). The RSS target depends on it most.
+
 Usage::
 
     python benchmarks/follow_bench.py --keys 1000000 --store both
@@ -478,6 +484,8 @@ def parse_args() -> argparse.Namespace:
                         help="seconds to wait for ckpt-0 to be applied")  # fmt: skip
     parser.add_argument("--chunk-rows", type=int, default=None,
                         help="the follower's chunk_rows (default: the follower's own)")  # fmt: skip
+    parser.add_argument("--malloc", choices=["default", "tuned", "both"], default="both",
+                        help="glibc malloc settings of the server (see the docstring)")  # fmt: skip
     parser.add_argument("--phase", choices=["server"], help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=["trainer"], help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
@@ -494,6 +502,10 @@ def phase_server(args: argparse.Namespace) -> None:
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
     emit(out)
+
+
+#: glibc malloc settings of a serving process (``--malloc tuned``), read at its start.
+TUNED_MALLOC = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
 def main() -> None:
@@ -516,13 +528,16 @@ def main() -> None:
 
             endpoint, stop_moto = servers.start_moto_server(in_process=False)
             servers.create_bucket("s3", BUCKET, storage_options(endpoint))
-        for store in stores:
+        mallocs = ["default", "tuned"] if args.malloc == "both" else [args.malloc]
+        for store, malloc in [(store, malloc) for store in stores for malloc in mallocs]:
             options = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
-                       if name not in ("store", "endpoint", "phase", "role", "root")
+                       if name not in ("store", "endpoint", "phase", "role", "root", "malloc")
                        and value is not None]  # fmt: skip
             where = ["--store", store, "--endpoint", endpoint if store == "s3" else ""]
-            result[store] = harness.run_phase(__file__, "server", [*options, *where])
-            report(store, result[store], args)
+            env = TUNED_MALLOC if malloc == "tuned" else {}
+            name = store if malloc == "default" else f"{store}, malloc tuned"
+            result[name] = harness.run_phase(__file__, "server", [*options, *where], env=env)
+            report(name, result[name], args)
     finally:
         if stop_moto is not None:
             stop_moto()
