@@ -331,7 +331,9 @@ def run_store(args: argparse.Namespace, store: str, endpoint: str) -> dict[str, 
     import fsspec
 
     options = storage_options(endpoint)
-    root = os.path.join(args.dir, "root") if store == "local" else f"s3://{BUCKET}/follow"
+    # each run in a root of its own: one server phase never sees another's checkpoints
+    run_name = os.path.basename(args.dir)
+    root = os.path.join(args.dir, "root") if store == "local" else f"s3://{BUCKET}/{run_name}"
     trainer = start_trainer(args, root, endpoint)
     try:
         run = follow_and_serve(args, root, options, trainer)
