@@ -249,21 +249,23 @@ class Follower:
             )
             _apply.check_update(self._backend, update, self.targets)
             read = _apply.read_update(self._backend, update, self._options, self.full_load)
-        except (DeStoreError, OSError) as err:
+        except Exception as err:  # damaged, gc'd, not for these tables, or unreadable
             self._refused.add((target.folder, target.generation))
             serving = self.applied or "what the tables held"
             logger.warning("following %s: checkpoint %s not applied, still serving %s: %s",
-                           self.url, where, serving, err)  # fmt: skip
+                           self.url, where, serving, err,
+                           exc_info=not isinstance(err, (DeStoreError, OSError)))  # fmt: skip
             return None
         try:
             done = _apply.apply_update(self._backend, update, read, self.targets,
                                        self._options, self.chunk_rows)  # fmt: skip
-        except (DeStoreError, OSError) as err:  # a streamed full load's second read
+        except Exception as err:  # a streamed full load's second read, a table that failed
             self._mixed = True
             self._refused.add((target.folder, target.generation))
             logger.warning("following %s: checkpoint %s failed while applied; its keys are "
                            "partly applied, the next checkpoint is loaded whole: %s",
-                           self.url, where, err)  # fmt: skip
+                           self.url, where, err,
+                           exc_info=not isinstance(err, (DeStoreError, OSError)))  # fmt: skip
             return None
         self._mixed = False
         applied = AppliedCheckpoint(where, "full" if update.full else "delta", done.upserted,

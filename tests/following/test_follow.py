@@ -274,3 +274,38 @@ def test_a_follower_follows_deltas_on_every_backend(storage_location: StorageLoc
     assert follower.poll() is None  # nothing newer
     np.testing.assert_array_equal(content(served)[0], content(trained)[0])
     np.testing.assert_array_equal(content(served)[1], content(trained)[1])
+
+
+def test_a_checkpoint_that_fails_while_applied_is_followed_by_a_whole_load(
+    tmp_path: Path, trained: ds.Variable, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Some of its keys may be applied: the next checkpoint is loaded from its full link."""
+    served = serving_variable()
+    follower = ds.Follower(served, str(tmp_path), start=False, chunk_rows=8)
+    follower.poll()
+    change(trained, 1)
+    save(trained, str(tmp_path / "ckpt-1"))
+    core = served.shards[1]
+    calls = []
+
+    def failing_insert(keys, values, insert=core.insert):  # type: ignore[no-untyped-def]
+        calls.append(len(calls))
+        if len(calls) == 2:  # the second step on this shard: one step went through
+            raise tf.errors.ResourceExhaustedError(None, None, "out of memory")
+        return insert(keys, values)
+
+    core.insert = failing_insert
+    with caplog.at_level(logging.WARNING, logger="de_store.follow"):
+        assert follower.poll() is None
+    assert caplog.records[0].getMessage() == (
+        f"following {tmp_path}: checkpoint {tmp_path}/ckpt-1 failed while applied; its keys "
+        "are partly applied, the next checkpoint is loaded whole: out of memory"
+    )
+    assert follower.applied == f"{tmp_path}/ckpt-0"
+    del core.insert  # the table's own method again
+    change(trained, 2)
+    save(trained, str(tmp_path / "ckpt-2"))
+    applied = follower.poll()
+    assert applied is not None and (applied.url, applied.kind) == (f"{tmp_path}/ckpt-2", "full")
+    np.testing.assert_array_equal(content(served)[0], content(trained)[0])
+    np.testing.assert_array_equal(content(served)[1], content(trained)[1])
