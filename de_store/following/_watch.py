@@ -16,15 +16,15 @@ itself is never read again, so gc may delete it once a newer full checkpoint exi
 from __future__ import annotations
 
 import dataclasses
-import functools
+import itertools
 import posixpath
 from collections.abc import Sequence
 from typing import cast
 
 from de_store.backends import Backend, Location
 from de_store.checkpoint import names
-from de_store.checkpoint.chain import parent_folder
-from de_store.checkpoint.commit import parse_commit_record, read_manifest
+from de_store.checkpoint.chain import iter_manifests, parent_folder
+from de_store.checkpoint.commit import parse_commit_record
 from de_store.checkpoint.manifest import Manifest, VariableEntry
 from de_store.checkpoint.retry import RetryPolicy
 from de_store.errors import CheckpointError
@@ -108,66 +108,49 @@ def plan_update(
 ) -> Update:
     """The links that take ``variables`` from ``applied`` to ``target``.
 
+    The chain is walked as a restore walks it (:func:`~de_store.checkpoint.chain.iter_manifests`:
+    every link committed, none rewritten since its child was saved), newest first, and left
+    before the parent is read once that parent is ``applied``.
+
     Raises
     ------
     CheckpointError
         A link of the chain is missing, not committed, rewritten since its child was saved
         (the chain is broken), or a variable is not in the checkpoint.
     """
-    folder, manifest = retry.call(lambda: read_manifest(backend, target.folder))
-    top = Location(backend, target.folder).url
+    links: dict[str, list[Link]] = {name: [] for name in variables}
+    pending, full = set(variables), set()
+    walk = iter_manifests(backend, target.folder, retry)
+    top_folder, manifest = next(walk)
+    top = Location(backend, top_folder).url
     for name in variables:
         manifest.variable(name, top)  # a followed variable missing: refused up front
-    pending = set(variables)
-    links: dict[str, list[Link]] = {name: [] for name in variables}
-    full: set[str] = set()
-    link, link_manifest = folder, manifest
-    seen: set[str] = set()
-    while True:
-        if link in seen:
-            raise CheckpointError(f"checkpoint {Location(backend, link).url} is its own ancestor")
-        seen.add(link)
+    for folder, link_manifest in itertools.chain([(top_folder, manifest)], walk):
         for name in sorted(pending):
             entry = link_manifest.variables.get(name)
             if entry is None:
                 raise CheckpointError(
                     f"checkpoint {top}: variable {name!r} is a delta on "
-                    f"{Location(backend, link).url}, which has no variable {name!r}"
+                    f"{Location(backend, folder).url}, which has no variable {name!r}"
                 )
-            links[name].append(Link(link, entry, link_manifest.proc_size))
+            links[name].append(Link(folder, entry, link_manifest.proc_size))
             if not entry.incremental:
                 full.add(name)
                 pending.discard(name)
-        parent = link_manifest.parent
-        if not pending:
-            break
-        if parent is None:
-            raise CheckpointError(
-                f"checkpoint {Location(backend, link).url}: variables {sorted(pending)} are "
-                "incremental but the manifest names no parent"
-            )
-        parent_at = parent_folder(backend, link, parent)
-        if applied is not None and (parent_at, link_manifest.parent_created) == (
-            applied.folder,
-            applied.created,
-        ):
+        if not pending or _on_applied(backend, folder, link_manifest, applied):
             break  # the rest applies on what the tables hold
-        child, expected = Location(backend, link).url, link_manifest.parent_created
-        try:
-            link, link_manifest = retry.call(functools.partial(read_manifest, backend, parent_at))
-        except CheckpointError as err:
-            raise CheckpointError(
-                f"checkpoint {child} depends on a link that cannot be read: {err}"
-            ) from err
-        if link_manifest.created != expected:
-            raise CheckpointError(
-                f"checkpoint {child} depends on {Location(backend, link).url}, which was "
-                f"rewritten after it was saved (its manifest was created at "
-                f"{link_manifest.created}, expected {expected})"
-            )
-    return Update(
-        target,
-        manifest,
-        {name: ls[::-1] for name, ls in links.items()},
-        frozenset(full),
-    )
+    else:
+        raise CheckpointError(
+            f"checkpoint {top}: variables {sorted(pending)} are incremental but their chain "
+            "ends on a manifest that names no parent"
+        )
+    return Update(target, manifest, {name: ls[::-1] for name, ls in links.items()},
+                  frozenset(full))  # fmt: skip
+
+
+def _on_applied(backend: Backend, folder: str, manifest: Manifest, applied: Applied | None) -> bool:
+    """Whether ``manifest`` (of ``folder``) is saved on the checkpoint ``applied``."""
+    if applied is None or manifest.parent is None:
+        return False
+    parent_at = parent_folder(backend, folder, manifest.parent)
+    return (parent_at, manifest.parent_created) == (applied.folder, applied.created)
