@@ -161,11 +161,8 @@ def _apply_full(
     usually) are bulk-loaded in batches of a restore's size: no key of theirs can go
     missing.
     """
-    exported = target.export()  # shared with numpy, not copied (Tensor.numpy() copies)
-    live_keys = np.asarray(exported[0])
     staged = link.values is not None
-    live_values = np.asarray(exported[1]) if staged and len(live_keys) else None
-    del exported
+    live_keys, live_values = _held(target, staged)
     order = np.argsort(live_keys, kind="stable")
     held_keys = live_keys[order]
     del live_keys
@@ -188,6 +185,22 @@ def _apply_full(
         rows = _rows_of(backend, link, options)
     _upsert(target, rows, chunk_rows, done)
     _remove(target, [stale], chunk_rows, done)
+
+
+def _held(target: Any, with_rows: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The keys the tables hold, and with ``with_rows`` their rows (the whole export, shared
+    with numpy: ``Tensor.numpy()`` would copy it). Without, each table shard's rows are
+    dropped once its keys are taken: one shard's rows exported at a time."""
+    import tensorflow as tf
+
+    if with_rows:
+        keys, rows = target.export()
+        return np.asarray(keys), np.asarray(rows)
+    held = []
+    for core, device in zip(target.shards, target.devices, strict=True):
+        with tf.device(device):
+            held.append(np.asarray(core.export_all()[0]))
+    return np.concatenate(held), None
 
 
 def _find(held_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

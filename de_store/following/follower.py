@@ -82,9 +82,11 @@ class Follower:
         Seconds between two listings of the root.
     full_load
         How a full checkpoint is applied: ``"staged"`` reads it whole into host memory,
-        checked, before applying it (one more copy of its rows while it applies);
-        ``"streamed"`` reads it once to check it, keeping only its keys (8 bytes a key),
-        and again while applying it. Either way the tables keep serving throughout; a
+        checked, and compares it with the tables' rows, exported, to write only the rows
+        that differ (two copies of the rows while it applies); ``"streamed"`` reads it
+        once to check it, keeping only its keys (8 bytes a key), and again while applying
+        it, every row written (the tables' keys are exported one table shard at a time,
+        with that shard's rows for a moment). Either way the tables keep serving throughout; a
         streamed load whose second read fails leaves some keys at the new checkpoint and
         the others at the old one, logs a WARNING and loads the next checkpoint whole.
     chunk_rows
