@@ -40,10 +40,10 @@ class Committed:
 
 
 @dataclasses.dataclass(frozen=True)
-class Applied:
-    """The checkpoint a follower's tables hold: folder and manifest ``created``."""
+class Held(Committed):
+    """The checkpoint a follower's tables hold, with its manifest's ``created`` (what a
+    delta saved on it names as its parent's)."""
 
-    folder: str
     created: float
 
 
@@ -103,14 +103,14 @@ def plan_update(
     backend: Backend,
     target: Committed,
     variables: Sequence[str],
-    applied: Applied | None,
+    held: Held | None,
     retry: RetryPolicy,
 ) -> Update:
-    """The links that take ``variables`` from ``applied`` to ``target``.
+    """The links that take ``variables`` from ``held`` to ``target``.
 
     The chain is walked as a restore walks it (:func:`~de_store.checkpoint.chain.iter_manifests`:
     every link committed, none rewritten since its child was saved), newest first, and left
-    before the parent is read once that parent is ``applied``.
+    before the parent is read once that parent is ``held``.
 
     Raises
     ------
@@ -137,7 +137,7 @@ def plan_update(
             if not entry.incremental:
                 full.add(name)
                 pending.discard(name)
-        if not pending or _on_applied(backend, folder, link_manifest, applied):
+        if not pending or _saved_on(backend, folder, link_manifest, held):
             break  # the rest applies on what the tables hold
     else:
         raise CheckpointError(
@@ -148,9 +148,9 @@ def plan_update(
                   frozenset(full))  # fmt: skip
 
 
-def _on_applied(backend: Backend, folder: str, manifest: Manifest, applied: Applied | None) -> bool:
-    """Whether ``manifest`` (of ``folder``) is saved on the checkpoint ``applied``."""
-    if applied is None or manifest.parent is None:
+def _saved_on(backend: Backend, folder: str, manifest: Manifest, held: Held | None) -> bool:
+    """Whether ``manifest`` (of ``folder``) is a delta saved on the checkpoint ``held``."""
+    if held is None or manifest.parent is None:
         return False
     parent_at = parent_folder(backend, folder, manifest.parent)
-    return (parent_at, manifest.parent_created) == (applied.folder, applied.created)
+    return (parent_at, manifest.parent_created) == (held.folder, held.created)

@@ -135,8 +135,7 @@ class Follower:
         self.on_apply = on_apply
         self._times: dict[tuple[str, int], float] = {}
         self._refused: set[tuple[str, int]] = set()
-        self._holds: _watch.Applied | None = None
-        self._holds_commit: tuple[str, int, float] | None = None
+        self._held: _watch.Held | None = None
         self._mixed = False
         self.history: collections.deque[AppliedCheckpoint] = collections.deque(maxlen=1000)
         self._changed = threading.Condition()
@@ -178,8 +177,8 @@ class Follower:
     @property
     def applied(self) -> str | None:
         """The URL of the checkpoint the tables hold, or None before the first one."""
-        holds = self._holds
-        return None if holds is None else Location(self._backend, holds.folder).url
+        held = self._held
+        return None if held is None else Location(self._backend, held.folder).url
 
     def wait_for(self, check: Callable[[Follower], bool], timeout_s: float) -> bool:
         """Wait until ``check(self)`` holds after an apply (or now); False on timeout."""
@@ -208,14 +207,10 @@ class Follower:
             newest = self._newest()
             if newest is None:
                 return None
-            key = (newest.folder, newest.generation)
-            if key in self._refused or key == self._holds_key():
+            key, held = (newest.folder, newest.generation), self._held
+            if key in self._refused or (held is not None and key == (held.folder, held.generation)):
                 return None
             return self._apply(newest)
-
-    def _holds_key(self) -> tuple[str, int] | None:
-        held = self._holds_commit
-        return None if held is None else (held[0], held[1])
 
     def _newest(self) -> _watch.Committed | None:
         found = _watch.committed_generations(self._backend)
@@ -237,44 +232,37 @@ class Follower:
             at = self._times[key]
             if newest is None or (at, folder) > (newest.committed, newest.folder):
                 newest = _watch.Committed(folder, generation, at)
-        held = self._holds_commit
-        if newest is not None and held is not None and newest.committed < held[2]:
+        held = self._held
+        if newest is not None and held is not None and newest.committed < held.committed:
             return None  # nothing newer than what the tables hold
         return newest
 
     def _apply(self, target: _watch.Committed) -> AppliedCheckpoint | None:
         where = Location(self._backend, target.folder).url
-        holds = None if self._mixed else self._holds
         try:
-            update = _watch.plan_update(
-                self._backend, target, list(self.targets), holds, self._options.retry
-            )
+            update = _watch.plan_update(self._backend, target, list(self.targets),
+                                        None if self._mixed else self._held,
+                                        self._options.retry)  # fmt: skip
             _apply.check_update(self._backend, update, self.targets)
             read = _apply.read_update(self._backend, update, self._options, self.full_load)
         except Exception as err:  # damaged, gc'd, not for these tables, or unreadable
-            self._refused.add((target.folder, target.generation))
             serving = self.applied or "what the tables held"
-            logger.warning("following %s: checkpoint %s not applied, still serving %s: %s",
-                           self.url, where, serving, err,
-                           exc_info=not isinstance(err, (DeStoreError, OSError)))  # fmt: skip
+            self._refuse(target, err, f"not applied, still serving {serving}")
             return None
         try:
             done = _apply.apply_update(self._backend, update, read, self.targets,
                                        self._options, self.chunk_rows)  # fmt: skip
         except Exception as err:  # a streamed full load's second read, a table that failed
             self._mixed = True
-            self._refused.add((target.folder, target.generation))
-            logger.warning("following %s: checkpoint %s failed while applied; its keys are "
-                           "partly applied, the next checkpoint is loaded whole: %s",
-                           self.url, where, err,
-                           exc_info=not isinstance(err, (DeStoreError, OSError)))  # fmt: skip
+            self._refuse(target, err, "failed while applied; its keys are partly applied, "
+                         "the next checkpoint is loaded whole")  # fmt: skip
             return None
         self._mixed = False
         applied = AppliedCheckpoint(where, "full" if update.full else "delta", done.upserted,
                                     done.removed, target.committed, time.time())  # fmt: skip
         with self._changed:
-            self._holds = _watch.Applied(target.folder, update.manifest.created)
-            self._holds_commit = (target.folder, target.generation, target.committed)
+            self._held = _watch.Held(target.folder, target.generation, target.committed,
+                                     update.manifest.created)  # fmt: skip
             self.history.append(applied)
             self._changed.notify_all()
         logger.info("following %s: applied %s (%s): %s rows upserted, %s keys removed, lag %.3f s",
@@ -286,6 +274,14 @@ class Follower:
             except Exception:
                 logger.exception("following %s: on_apply failed for %s", self.url, where)
         return applied
+
+    def _refuse(self, target: _watch.Committed, err: Exception, what: str) -> None:
+        """Log why ``target`` is not applied (a WARNING, with the traceback of an error
+        that is not a storage or checkpoint one) and never try it again."""
+        self._refused.add((target.folder, target.generation))
+        where = Location(self._backend, target.folder).url
+        logger.warning("following %s: checkpoint %s %s: %s", self.url, where, what, err,
+                       exc_info=not isinstance(err, (DeStoreError, OSError)))  # fmt: skip
 
 
 def follow(variables: Any, url: str, **kwargs: Any) -> Follower:
