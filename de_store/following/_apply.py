@@ -256,6 +256,18 @@ def _remove(target: Any, removed: list[np.ndarray], chunk_rows: int, done: Appli
             done.removed += len(chunk)
 
 
+def prepare_writes(targets: Mapping[str, Any]) -> None:
+    """Run each kind of write step once with no keys: a removal on every variable and
+    companion, an insert on every variable. Their first calls in a process load and set up
+    the table kernels (a few MiB, kept); made here, after the first checkpoint, they are
+    not paid by the first delta, in its lag and in the memory a delta takes."""
+    for target in targets.values():
+        no_keys = np.zeros(0, target.key_dtype.as_numpy_dtype)
+        for variable in (target, *target.companions().values()):
+            write(variable, no_keys)
+        write(target, no_keys, np.zeros((0, target.dim), target.value_dtype.as_numpy_dtype))
+
+
 def write(
     variable: Any, keys: np.ndarray, values: np.ndarray | None = None, load: bool = False
 ) -> None:

@@ -20,7 +20,9 @@ sees each key's row from the checkpoint held before or from the new one.
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -137,6 +139,7 @@ class Follower:
         self._refused: set[tuple[str, int]] = set()
         self._held: _watch.Held | None = None
         self._mixed = False
+        self._prepared = False
         self.history: collections.deque[AppliedCheckpoint] = collections.deque(maxlen=1000)
         self._changed = threading.Condition()
         self._stop = threading.Event()
@@ -210,7 +213,11 @@ class Follower:
             key, held = (newest.folder, newest.generation), self._held
             if key in self._refused or (held is not None and key == (held.folder, held.generation)):
                 return None
-            return self._apply(newest)
+            applied = self._apply(newest)
+            if applied is not None and not self._prepared:
+                self._prepare_writes()
+            _release_freed_memory()  # what was read for it is freed by now
+            return applied
 
     def _newest(self) -> _watch.Committed | None:
         found = _watch.committed_generations(self._backend)
@@ -275,6 +282,16 @@ class Follower:
                 logger.exception("following %s: on_apply failed for %s", self.url, where)
         return applied
 
+    def _prepare_writes(self) -> None:
+        """Set up the write steps of deltas once the first checkpoint is in (see
+        :func:`._apply.prepare_writes`); should that fail, the first delta sets them up."""
+        self._prepared = True
+        try:
+            _apply.prepare_writes(self.targets)
+        except Exception:
+            logger.debug("following %s: preparing the write steps failed", self.url,
+                         exc_info=True)  # fmt: skip
+
     def _refuse(self, target: _watch.Committed, err: Exception, what: str) -> None:
         """Log why ``target`` is not applied (a WARNING, with the traceback of an error
         that is not a storage or checkpoint one) and never try it again."""
@@ -282,6 +299,21 @@ class Follower:
         where = Location(self._backend, target.folder).url
         logger.warning("following %s: checkpoint %s %s: %s", self.url, where, what, err,
                        exc_info=not isinstance(err, (DeStoreError, OSError)))  # fmt: skip
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
+
+
+def _release_freed_memory() -> None:
+    """Hand the whole free pages malloc holds back to the system (glibc's ``malloc_trim``;
+    elsewhere nothing). glibc keeps what a thread frees in that thread's arena for its
+    next allocations; the buffers a checkpoint was read into would stay in the process
+    after each apply, and with each new checkpoint's buffers laid elsewhere, build up."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def follow(variables: Any, url: str, **kwargs: Any) -> Follower:
