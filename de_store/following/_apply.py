@@ -2,8 +2,8 @@
 
 Reading comes first and whole: every shard file of every link is read and checked
 (sizes, crc32c, key buckets) before any table changes, so a damaged checkpoint changes
-nothing. A full link read ``staged`` is held in host memory until applied (a second copy
-of the table's rows); read ``streamed`` it is read twice, once to check it (keeping its
+nothing. A full link read ``staged`` is held in host memory until applied (a copy of its
+rows beside the tables); read ``streamed`` it is read twice, once to check it (keeping its
 keys only) and once while it is applied (one part of a file in memory at a time).
 
 Applying runs in steps of at most ``chunk_rows`` keys. Each step is one operation on each
@@ -154,77 +154,121 @@ def _apply_full(
 ) -> None:
     """The full link's rows upserted, then the keys it does not hold removed.
 
-    The tables grow once, for the keys new to them. Read ``staged``, only the rows that
-    differ from what the tables hold are written: the tables' rows are exported and
-    compared in host memory (a trainer's full checkpoint differs from the previous one by
-    a delta's rows). Tables that hold nothing (the first checkpoint a follower applies,
-    usually) are bulk-loaded in batches of a restore's size: no key of theirs can go
-    missing.
+    Tables that hold nothing (the first checkpoint a follower applies, usually) are
+    bulk-loaded in batches of a restore's size: no key of theirs can go missing. Else the
+    checkpoint's keys are looked up in the tables (steps of :data:`LOOKUP_ROWS` keys, each
+    one operation of a table shard) and only the rows the tables do not hold with those
+    values are written: a trainer's full checkpoint differs from the previous one by about
+    a delta's rows. The tables grow once, for the keys new to them. Read ``staged``, one
+    pass of lookups finds the differing rows; read ``streamed``, a first pass counts the
+    new keys and the second read looks each batch up again before writing it. The keys
+    to remove are looked for only when fewer of the checkpoint's keys were found than the
+    tables hold.
     """
-    staged = link.values is not None
-    live_keys, live_values = _held(target, staged)
-    order = np.argsort(live_keys, kind="stable")
-    held_keys = live_keys[order]
-    del live_keys
-    held = np.zeros(len(held_keys), bool)  # held keys the checkpoint holds too
-    found = [_find(held_keys, keys) for keys in link.keys]
-    for at, hit in found:
-        held[at[hit]] = True
-    reserve_shards(target, sum(len(hit) - int(hit.sum()) for _, hit in found))
-    stale = held_keys[~held]
-    del held, held_keys
-    if not len(order):
+    held_before = sum(_shard_sizes(target))
+    if not held_before:
+        reserve_shards(target, sum(len(keys) for keys in link.keys))
         _upsert(target, _rows_of(backend, link, options), load_rows(target), done, load=True)
         return
-    if staged:
+    found = new = 0
+    differing: list[np.ndarray] = []  # staged: per batch of the link, the rows to write
+    for index, keys in enumerate(link.keys):
+        values = None if link.values is None else link.values[index]
+        batch_differing = []
+        for start in range(0, len(keys), LOOKUP_ROWS):
+            end = start + LOOKUP_ROWS
+            write_at, exists = _to_write(target, keys[start:end], values, start)
+            found += int(exists.sum())
+            new += len(exists) - int(exists.sum())
+            batch_differing.append(write_at)
+        differing.append(np.concatenate(batch_differing))
+    reserve_shards(target, new)
+    if link.values is not None:
         rows: Any = (
-            _differing(keys, values, live_values[order[at[hit]]], hit)  # type: ignore[index]
-            for keys, values, (at, hit) in zip(link.keys, link.values or [], found, strict=True)
+            (keys[at], values[at])
+            for keys, values, at in zip(link.keys, link.values, differing, strict=True)
         )
     else:
-        rows = _rows_of(backend, link, options)
+        rows = _differing_rows(target, _rows_of(backend, link, options))
     _upsert(target, rows, chunk_rows, done)
-    _remove(target, [stale], chunk_rows, done)
+    if found < held_before:
+        _remove(target, [_stale(target, link.keys)], chunk_rows, done)
 
 
-def _held(target: Any, with_rows: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """The keys the tables hold, and with ``with_rows`` their rows (the whole export, shared
-    with numpy: ``Tensor.numpy()`` would copy it). Without, each table shard's rows are
-    dropped once its keys are taken: one shard's rows exported at a time."""
+#: Keys one lookup step of a full checkpoint over live tables looks up (about 10 ms on a
+#: 10M-key table): the lookups of the serving threads wait at most one step.
+LOOKUP_ROWS = 1 << 16
+
+
+def _to_write(
+    target: Any, keys: np.ndarray, values: np.ndarray | None, offset: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (from ``offset``) of ``keys`` whose rows the tables do not hold with
+    ``values`` (the batch's whole values; None: those of the keys not held), and whether
+    each key is held."""
+    held_rows, exists = look_up(target, keys)
+    write = ~exists
+    if values is not None:
+        rows = values[offset : offset + len(keys)]
+        write[exists] = ~(held_rows[exists] == rows[exists]).all(axis=1)
+    return np.flatnonzero(write) + offset, exists
+
+
+def _differing_rows(target: Any, rows: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The ``(keys, values)`` of each batch of ``rows`` that the tables do not hold."""
+    for keys, values in rows:
+        for start in range(0, len(keys), LOOKUP_ROWS):
+            at, _ = _to_write(target, keys[start : start + LOOKUP_ROWS], values, start)
+            yield keys[at], values[at]
+
+
+def _stale(target: Any, keys: list[np.ndarray]) -> np.ndarray:
+    """The keys the tables hold that are not among ``keys`` (exported one table shard at
+    a time, keys only)."""
     import tensorflow as tf
 
-    if with_rows:
-        keys, rows = target.export()
-        return np.asarray(keys), np.asarray(rows)
-    held = []
+    wanted = np.sort(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+    stale = []
     for core, device in zip(target.shards, target.devices, strict=True):
         with tf.device(device):
-            held.append(np.asarray(core.export_all()[0]))
-    return np.concatenate(held), None
+            held = np.asarray(core.export_all()[0])
+        at = np.minimum(np.searchsorted(wanted, held), max(len(wanted) - 1, 0))
+        missing = np.ones(len(held), bool) if not len(wanted) else wanted[at] != held
+        stale.append(held[missing])
+    return np.concatenate(stale)
 
 
-def _find(held_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each of ``keys`` is in the sorted ``held_keys``, and whether it is there.
+def _shard_sizes(target: Any) -> list[int]:
+    import tensorflow as tf
 
-    The keys are searched in sorted order (each search then starts near the last one in
-    memory: about 10x faster than searching 10M keys in the order they come)."""
-    if not len(held_keys):
-        return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
-    order = np.argsort(keys)
-    at = np.empty(len(keys), np.int64)
-    at[order] = np.searchsorted(held_keys, keys[order])
-    np.minimum(at, len(held_keys) - 1, out=at)
-    return at, held_keys[at] == keys
+    sizes = []
+    for core, device in zip(target.shards, target.devices, strict=True):
+        with tf.device(device):
+            sizes.append(int(core.size()))
+    return sizes
 
 
-def _differing(
-    keys: np.ndarray, values: np.ndarray, held_rows: np.ndarray, hit: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of ``keys`` not held with those values (``held_rows``: the rows held of the
-    keys where ``hit``)."""
-    same = np.zeros(len(keys), bool)
-    same[hit] = (held_rows == values[hit]).all(axis=1)
-    return keys[~same], values[~same]
+def look_up(variable: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, exists)`` of ``keys`` in ``variable``'s table shards, each shard's part as
+    one operation of that shard (rows of keys not held: whatever the shard returns)."""
+    import tensorflow as tf
+
+    key_tensor = tf.constant(keys, variable.key_dtype)
+    if len(variable.shards) == 1:
+        with tf.device(variable.devices[0]):
+            shard_rows, shard_exists = variable.shards[0].lookup(key_tensor)
+        return shard_rows.numpy(), shard_exists.numpy()
+    rows = np.empty((len(keys), variable.dim), variable.value_dtype.as_numpy_dtype)
+    exists = np.empty(len(keys), bool)
+    for core, device, (shard_keys, positions) in zip(
+        variable.shards, variable.devices, variable.partition(key_tensor), strict=True
+    ):
+        with tf.device(device):
+            shard_rows, shard_exists = core.lookup(shard_keys)
+        at = positions.numpy()
+        rows[at] = shard_rows.numpy()
+        exists[at] = shard_exists.numpy()
+    return rows, exists
 
 
 def _rows_of(backend: Backend, link: LinkRows, options: IOOptions) -> Any:

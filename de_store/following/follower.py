@@ -84,13 +84,13 @@ class Follower:
         Seconds between two listings of the root.
     full_load
         How a full checkpoint is applied: ``"staged"`` reads it whole into host memory,
-        checked, and compares it with the tables' rows, exported, to write only the rows
-        that differ (two copies of the rows while it applies); ``"streamed"`` reads it
-        once to check it, keeping only its keys (8 bytes a key), and again while applying
-        it, every row written (the tables' keys are exported one table shard at a time,
-        with that shard's rows for a moment). Either way the tables keep serving throughout; a
-        streamed load whose second read fails leaves some keys at the new checkpoint and
-        the others at the old one, logs a WARNING and loads the next checkpoint whole.
+        checked (a copy of its rows beside the tables while it applies); ``"streamed"``
+        reads it once to check it, keeping only its keys (8 bytes a key), and again while
+        applying it. Either way its keys are looked up in the tables and only the rows the
+        tables do not hold with the same values are written (a streamed load looks each
+        batch up twice), and the tables keep serving throughout; a streamed load whose
+        second read fails leaves some keys at the new checkpoint and the others at the old
+        one, logs a WARNING and loads the next checkpoint whole.
     chunk_rows
         Most keys one table operation applies: lookups wait at most one such step. The
         default stays below the batch size from which an insert runs XLA-compiled

@@ -203,7 +203,8 @@ def test_a_full_checkpoint_replaces_the_content_without_emptying_the_table(
     served = serving_variable()
     follower = ds.Follower(served, str(tmp_path), start=False, full_load=full_load, chunk_rows=2)
     follower.poll()
-    before = set(content(served)[0].tolist())
+    held = dict(zip(*(x.tolist() for x in content(served)), strict=True))
+    before = set(held)
     change(trained, 7)
     trained.remove(tf.constant(sorted(before)[:10], tf.int64))
     save(trained, str(tmp_path / "ckpt-1"), full=True)
@@ -222,6 +223,9 @@ def test_a_full_checkpoint_replaces_the_content_without_emptying_the_table(
     assert applied is not None and applied.kind == "full"
     assert len(seen) > 10 and all(seen)  # never a key of both checkpoints missing
     assert applied.removed == len(before - after) >= 10
+    new_rows = dict(zip(*(x.tolist() for x in content(trained)), strict=True))
+    differing = [key for key, row in new_rows.items() if held.get(key) != row]
+    assert 0 < applied.upserted == len(differing) < len(new_rows)  # only what differs
     np.testing.assert_array_equal(content(served)[0], content(trained)[0])
     np.testing.assert_array_equal(content(served)[1], content(trained)[1])
 
