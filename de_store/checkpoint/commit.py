@@ -419,16 +419,46 @@ def read_manifest(backend: Backend, name: str) -> tuple[str, Manifest]:
             f"no committed checkpoint at {where}: expected a {names.COMMIT_PREFIX}* marker there"
         )
     folder, generation = found
+    expected = recorded_manifest(backend, folder, generation, where)
+    return folder, checked_manifest(backend, folder, generation, expected, where)
+
+
+def recorded_manifest(
+    backend: Backend, folder: str, generation: int, where: str | None = None
+) -> tuple[int, int]:
+    """``(bytes, crc32c)`` of the manifest that ``folder``'s commit record of
+    ``generation`` commits (``where``: the checkpoint's URL in messages).
+
+    Raises
+    ------
+    CheckpointError
+        The commit record is gone or not valid.
+    """
+    where = where or Location(backend, folder).url
     marker = backend.join(folder, names.commit_name(generation))
     try:
         record = parse_commit_record(backend.read_bytes(marker))
-        expected = (int(record["manifest_bytes"]), int(record["manifest_crc32c"]))  # type: ignore[call-overload]
+        return (int(record["manifest_bytes"]), int(record["manifest_crc32c"]))  # type: ignore[call-overload]
     except FileNotFoundError as err:
         raise CheckpointError(f"{where}: commit record {marker} vanished while read") from err
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(
             f"{Location(backend, marker).url}: commit record is not valid ({err})"
         ) from err
+
+
+def checked_manifest(
+    backend: Backend, folder: str, generation: int, expected: tuple[int, int], where: str
+) -> Manifest:
+    """The manifest of ``generation`` in ``folder``, checked against ``expected``
+    (:func:`recorded_manifest`).
+
+    Raises
+    ------
+    CheckpointError
+        The manifest is missing, or its size or crc32c is not the one recorded.
+    """
+    marker = backend.join(folder, names.commit_name(generation))
     path = backend.join(folder, names.manifest_name(generation))
     try:
         data = backend.read_bytes(path)
@@ -441,7 +471,7 @@ def read_manifest(backend: Backend, name: str) -> tuple[str, Manifest]:
             f"with crc32c {expected[1]} (as recorded in {marker}), found "
             f"{len(data)} bytes with crc32c {crc}"
         )
-    return folder, manifest_from_json(data, where)
+    return manifest_from_json(data, where)
 
 
 @contextlib.contextmanager

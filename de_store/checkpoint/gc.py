@@ -21,8 +21,10 @@ committed or wrote since the plan keeps its data.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import posixpath
+import threading
 import time
 from collections.abc import Iterable
 
@@ -30,7 +32,7 @@ from de_store.backends.base import Backend
 from de_store.backends.location import Location
 from de_store.checkpoint import binding, names, staging
 from de_store.checkpoint.chain import parent_folder
-from de_store.checkpoint.commit import committed_folder, read_manifest
+from de_store.checkpoint.commit import checked_manifest, recorded_manifest
 from de_store.checkpoint.manifest import Manifest
 from de_store.errors import CheckpointError, GCRefusedError
 
@@ -93,11 +95,6 @@ def check_target(backend: Backend, paths: Iterable[str] | None = None) -> None:
 
 
 # --- what is garbage --------------------------------------------------------------------
-def top_folders(backend: Backend) -> list[str]:
-    """The names of the folders directly under the backend's root."""
-    return sorted({path.split("/", 1)[0] for path in backend.list("") if "/" in path})
-
-
 def find_abandoned(backend: Backend, paths: Iterable[str] | None = None) -> list[Garbage]:
     """Staging of saves that never committed, and old copies of rewritten checkpoints,
     recognised by de_store's names (``paths``: the listing to look at, default all)."""
@@ -162,15 +159,55 @@ def tf_checkpoints_gone(
 
 
 def _committed_manifests(backend: Backend) -> dict[str, Manifest]:
+    """The manifest of every committed top folder (a commit record right in it), from one
+    listing; a manifest read before in this process is not read again (see
+    :func:`_manifest`)."""
+    generations: dict[str, int] = {}
+    for path in backend.list(""):
+        folder, _, base = path.partition("/")
+        generation = names.commit_generation(base)
+        if generation is not None:  # a file right in a top folder
+            generations[folder] = max(generations.get(folder, 0), generation)
     manifests = {}
-    for folder in top_folders(backend):
-        if committed_folder(backend, folder) != folder:
-            continue
+    for folder, generation in sorted(generations.items()):
         try:
-            manifests[folder] = read_manifest(backend, folder)[1]
+            manifests[folder] = _manifest(backend, folder, generation)
         except CheckpointError:
             continue
     return manifests
+
+
+#: Manifests read by :func:`_manifest`, by checkpoint URL, generation and the size and
+#: crc32c its commit record gives; the most recent :data:`_SEEN_MAX`.
+_seen: collections.OrderedDict[tuple[str, int, tuple[int, int]], Manifest] = (
+    collections.OrderedDict()
+)
+_SEEN_MAX = 64
+_seen_lock = threading.Lock()
+
+
+def _manifest(backend: Backend, folder: str, generation: int) -> Manifest:
+    """The manifest committed in ``folder`` at ``generation``.
+
+    Each save through a ``tf.train.Checkpoint`` looks for orphans, reading every committed
+    checkpoint's manifest: on an object store, a request each. The commit record is read
+    every time (a folder deleted and saved again may hold another manifest under the same
+    generation); the manifest only when the size and crc32c it records are not those of a
+    manifest read before.
+    """
+    where = Location(backend, folder).url
+    expected = recorded_manifest(backend, folder, generation, where)
+    key = (where, generation, expected)
+    with _seen_lock:
+        if key in _seen:
+            _seen.move_to_end(key)
+            return _seen[key]
+    manifest = checked_manifest(backend, folder, generation, expected, where)
+    with _seen_lock:
+        _seen[key] = manifest
+        while len(_seen) > _SEEN_MAX:
+            _seen.popitem(last=False)
+    return manifest
 
 
 def _ancestors(backend: Backend, manifests: dict[str, Manifest], kept: list[str]) -> set[str]:

@@ -500,6 +500,26 @@ def test_a_deleted_tf_checkpoint_still_makes_its_kv_data_an_orphan(tmp_path: Pat
     assert gc.collect(open_backend(str(tmp_path / "elsewhere")), grace_s=0) == []
 
 
+def test_a_checkpoint_saved_again_under_its_name_is_judged_by_its_new_manifest(
+    tmp_path: Path,
+) -> None:
+    """The orphan search keeps the manifests it read; a folder deleted and saved again (the
+    same name, the same generation) is read anew, never judged by what it held before."""
+    run = tmp_path / "run"
+    kv = run / "de_store"
+    ds.save([filled(1.0)], str(kv / "ckpt-1"), blocking=True)  # bound to no TF checkpoint
+    tf.train.Checkpoint(emb=filled(2.0, ds.FileSystemSaver())).write(str(run / "ckpt-2"))
+    backend = open_backend(str(kv))
+    assert gc.find_orphans(backend) == []
+    # ckpt-1 saved again with its TF checkpoint, which was then deleted: an orphan now
+    other = tmp_path / "other"
+    tf.train.Checkpoint(emb=filled(3.0, ds.FileSystemSaver())).write(str(other / "ckpt-1"))
+    shutil.rmtree(kv / "ckpt-1")
+    shutil.copytree(other / "de_store" / "ckpt-1", kv / "ckpt-1")
+    assert [g.folder for g in gc.find_orphans(backend)] == ["ckpt-1"]
+    assert tf_restored_value(str(run / "ckpt-2")) == {2.0}
+
+
 def test_an_orphan_loses_its_commit_record_before_any_other_file(tmp_path: Path) -> None:
     """A reader that misses a file of a checkpoint gc is removing finds it uncommitted (a
     removed checkpoint, which it retries), never a committed one missing a file (damage)."""
