@@ -9,15 +9,22 @@ the process it serves):
 
 * ``save_s``: ``Checkpoint.write`` of a table of ``--keys`` x ``--dim`` float32 rows (one
   process, the best of ``--rounds``, each to a checkpoint of its own) after a first save
-  (``save_first_s``, which traces the export kernels); ``plain_put_s``: right before each,
-  a new ``s3fs`` / ``gcsfs`` filesystem puts files of the same sizes as the committed
-  checkpoint holds (its shards, the rank manifest, the manifest and the commit record), as
-  many, with one ``fs.pipe({path: bytes})`` (the client sends them side by side). Each
+  (``save_first_s``, which traces the export kernels); ``plain_put_s``: in each round, right
+  before the save (odd rounds) or right after it (even rounds), a new ``s3fs`` / ``gcsfs``
+  filesystem puts files of the same sizes as the committed checkpoint holds (its shards,
+  the rank manifest, the manifest and the commit record), as many, with one
+  ``fs.pipe({path: bytes})`` (the client sends them side by side), deleted at the end of
+  the round (the servers keep what they store in memory, and slow down as it grows);
+  ``plain_stream_s``: then, the same files written one after the other, each through the
+  client's own file object (``fs.open(path, "wb", block_size=16 MiB)``): the plainest
+  upload of an object whose size is not known when it starts, as a shard's is (a multipart
+  upload on S3, a resumable one on GCS; its requests go through the clients' file objects,
+  which this run does not count). Each
   save's requests include the orphan search a ``tf.train.Checkpoint`` save makes in its
   root, which reads every committed checkpoint there: ``save_requests_rounds`` gives the
   count of each round, whose root holds one checkpoint more than the round before;
   ``api_save_s``: after each, ``de_store.save(..., blocking=True)`` of the same table into
-  a root of its own, which makes no such search;
+  a root of its own, which makes no such search (deleted at the end of the round);
 * ``restore_s``: ``Checkpoint.read`` in a fresh process (the variable, created empty,
   restores as a user's would after a restart; ``import tensorflow`` is not timed), the best
   of ``--rounds`` processes after a first one (``restore_first_s``, which traces the load
@@ -33,10 +40,12 @@ the process it serves):
   costs besides the network (reading the file from the page cache, checking, parsing,
   indexing and loading the table).
 
-``ratios`` gives save / plain put and restore / plain get per store, and restore /
-max(plain get, local restore): a restore that overlapped its download with all of its
-local work would take that maximum. Figures on a shared machine are noisy: compare ratios
-from the same run.
+``ratios`` gives save / plain put and restore / plain get per store (the best of each
+side), restore / max(plain get, local restore): a restore that overlapped its download
+with all of its local work would take that maximum, and ``*_paired``: the median over the
+rounds of each round's ratio (the save over the put of its round, the restore over the get
+of its process), which no drift of the server's speed over the run tilts. Figures on a
+shared machine are noisy: compare ratios from the same run.
 
 Usage::
 
@@ -64,6 +73,8 @@ import numpy as np
 from _harness import emit, rows, run_phase, sample_rows, timed
 
 BUCKET = "bench"
+#: Block size of the plain streamed upload: de_store's part and chunk size on S3 and GCS.
+STREAM_BLOCK = 16 << 20
 VARIABLE = "embedding"
 STORES = ("s3", "gs")
 
@@ -212,16 +223,27 @@ def phase_save(args: argparse.Namespace) -> None:
     fill(variable, args)
     checkpoint = tf.train.Checkpoint(embedding=variable)
     out: dict[str, Any] = {"save_first_s": timed(lambda: checkpoint.write(tf_prefix(args, 0)))[0]}
-    saves, puts, api_saves = [], [], []
+    saves, puts, api_saves, streams = [], [], [], []
     files = {} if local else checkpoint_files(args.store, args.endpoint, kv_root(args, 0))
     base = kv_root(args, 0) + "/"
     payloads = {path[len(base) :]: np.random.bytes(size) for path, size in files.items()}
     for index in range(1, args.rounds + 1):
-        if not local:
-            puts.append(counted(lambda index=index: plain_put(args, payloads, index)))
+        put_first, put = index % 2 == 1, None  # the put first in odd rounds, second in even
+        if not local and put_first:
+            put = counted(lambda index=index: plain_put(args, payloads, index))
         saves.append(counted(lambda index=index: checkpoint.write(tf_prefix(args, index))))
+        if not local and not put_first:
+            put = counted(lambda index=index: plain_put(args, payloads, index))
+        if not local:
+            fs = new_fs(args.store, args.endpoint)
+            fs.rm(f"{BUCKET}/plain-{index}", recursive=True)
+            streams.append(counted(lambda index=index: plain_stream(args, payloads, index)))
         url = f"{args.save_path}-api/ckpt-{index}"  # a root of their own: no orphan search
         api_saves.append(counted(lambda url=url: api_save(variable, url, options)))
+        if put is not None:
+            puts.append(put)
+            fs = new_fs(args.store, args.endpoint)  # the server keeps only the saves' bytes
+            fs.rm([f"{BUCKET}/plain-{index}", url.split("://", 1)[1]], recursive=True)
     best = min(saves, key=lambda s: s[0])
     out["save_s"], out["save_requests"] = best[0], best[1]
     out["save_requests_rounds"] = [sum(made.values()) for _, made, _ in saves]
@@ -232,6 +254,9 @@ def phase_save(args: argparse.Namespace) -> None:
         out["files"] = {path[len(base) :]: size for path, size in files.items()}
         out["save_rounds_s"] = [s for s, _, _ in saves]
         out["plain_put_rounds_s"] = [s for s, _, _ in puts]
+        out["api_save_rounds_s"] = [s for s, _, _ in api_saves]
+        out["plain_stream_s"] = min(s for s, _, _ in streams)
+        out["plain_stream_rounds_s"] = [s for s, _, _ in streams]
     emit(out)
 
 
@@ -245,6 +270,17 @@ def plain_put(args: argparse.Namespace, payloads: dict[str, bytes], index: int) 
     """A new filesystem puts ``payloads`` under ``plain-<index>/`` in one call."""
     fs = new_fs(args.store, args.endpoint)
     fs.pipe({f"{BUCKET}/plain-{index}/{rel}": data for rel, data in payloads.items()})
+
+
+def plain_stream(args: argparse.Namespace, payloads: dict[str, bytes], index: int) -> None:
+    """A new filesystem writes each of ``payloads`` under ``plain-<index>/`` through its own
+    file object, one after the other, in blocks of ``STREAM_BLOCK`` bytes: the client's own
+    upload of an object whose size is not known when it starts (a multipart upload on S3,
+    a resumable one on GCS, for objects over one block)."""
+    fs = new_fs(args.store, args.endpoint)
+    for rel, data in payloads.items():
+        with fs.open(f"{BUCKET}/plain-{index}/{rel}", "wb", block_size=STREAM_BLOCK) as file:
+            file.write(data)
 
 
 # --- phase: restore (a fresh process: plain get, then the restore) ---------------------------
@@ -351,6 +387,18 @@ def ratios(result: dict[str, Any], stores: list[str]) -> dict[str, float]:
         out[f"{store}_save_vs_plain_put"] = figures["save_s"] / figures["plain_put_s"]
         out[f"{store}_restore_vs_plain_get"] = figures["restore_s"] / figures["plain_get_s"]
         out[f"{store}_restore_vs_max_get_local_restore"] = figures["restore_s"] / floor
+        # each round's figure over the plain call of the same round (the same process for
+        # restores), the median over the rounds
+        paired = {
+            "save_vs_plain_put": ("save_rounds_s", "plain_put_rounds_s", 0),
+            "api_save_vs_plain_put": ("api_save_rounds_s", "plain_put_rounds_s", 0),
+            "save_vs_plain_stream": ("save_rounds_s", "plain_stream_rounds_s", 0),
+            "plain_stream_vs_plain_put": ("plain_stream_rounds_s", "plain_put_rounds_s", 0),
+            "restore_vs_plain_get": ("restore_rounds_s", "plain_get_rounds_s", 1),
+        }
+        for name, (mine, theirs, skip) in paired.items():
+            pairs = zip(figures[mine][skip:], figures[theirs][skip:], strict=True)
+            out[f"{store}_{name}_paired"] = float(np.median([a / b for a, b in pairs]))
     return out
 
 
@@ -369,11 +417,23 @@ def report(result: dict[str, Any], stores: list[str]) -> None:
                 f"  {plain} {f[f'{plain}_s']:.3f} s, {sum(theirs.values())} requests {theirs}\n"
                 f"  ratio {f[f'{side}_s'] / f[f'{plain}_s']:.2f}x"
             )
+        print(f"  plain_stream {f['plain_stream_s']:.3f} s")
         print(f"  requests of each save round: {f['save_requests_rounds']}")
         api = f["api_save_requests"]
         print(f"  de_store.save {f['api_save_s']:.3f} s, {sum(api.values())} requests {api}")
         floor = result["ratios"][f"{store}_restore_vs_max_get_local_restore"]
         print(f"  restore / max(plain get, local restore) {floor:.2f}x")
+        paired = ", ".join(
+            f"{name} {result['ratios'][f'{store}_{name}_paired']:.2f}x"
+            for name in (
+                "save_vs_plain_put",
+                "api_save_vs_plain_put",
+                "save_vs_plain_stream",
+                "plain_stream_vs_plain_put",
+                "restore_vs_plain_get",
+            )
+        )
+        print(f"  median of each round's ratio (same round, same process): {paired}")
 
 
 if __name__ == "__main__":
