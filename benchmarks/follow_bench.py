@@ -29,6 +29,8 @@ the marker in a loop, timing each lookup (``time.perf_counter`` around
   calls trace and compile), against its maximum while only deltas arrive; the growth
   over the serving RSS is given in deltas' bytes on storage, and that of its anonymous
   part (``RssAnon``: RSS also counts file pages mapped). Target: growth <= 2 deltas.
+  Beside it, the RSS at the end, and the bytes glibc's malloc counts as in use
+  (``mallinfo2``): what the process holds, apart from what the allocator keeps freed.
 * ``full_load_s``: from ``follow()`` to ckpt-0 applied, against the reference
   ``de_store.restore`` of the same checkpoint into a fresh Variable in the same process,
   run after the follower stopped (its figures are not disturbed).
@@ -143,12 +145,14 @@ def save(de_store: Any, variable: Any, args: argparse.Namespace, step: int, opti
 
 # --- the server (a process of its own for each store) ------------------------------------
 class RssSampler:
-    """This process's RSS every ``RSS_INTERVAL_S`` seconds: ``(perf_counter, rss, anon)``
-    in bytes (``VmRSS`` and ``RssAnon`` of ``/proc/self/status``: RSS holds file pages
-    mapped too)."""
+    """This process's RSS every ``RSS_INTERVAL_S`` seconds: ``(perf_counter, rss, anon,
+    malloc_in_use)`` in bytes (``VmRSS`` and ``RssAnon`` of ``/proc/self/status``: RSS
+    holds file pages mapped too; ``malloc_in_use``: the bytes glibc's malloc has handed out
+    and not had back, ``mallinfo2``'s ``uordblks + hblkhd``, 0 without glibc)."""
 
     def __init__(self) -> None:
-        self.samples: list[tuple[float, int, int]] = []
+        self.samples: list[tuple[float, int, int, int]] = []
+        self._mallinfo = _mallinfo2()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -165,11 +169,31 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(RSS_INTERVAL_S):
-            self.samples.append((time.perf_counter(), *self.now()))
+            info = self._mallinfo() if self._mallinfo is not None else None
+            in_use = 0 if info is None else info.uordblks + info.hblkhd
+            self.samples.append((time.perf_counter(), *self.now(), in_use))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+MALLINFO2_FIELDS = ["arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                    "uordblks", "fordblks", "keepcost"]  # fmt: skip
+
+
+def _mallinfo2() -> Callable[[], Any] | None:
+    """glibc's ``mallinfo2`` (2.33 and later), or None."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS]
+
+    function = getattr(ctypes.CDLL(None), "mallinfo2", None)
+    if function is None:
+        return None
+    function.restype = MallInfo2
+    return function
 
 
 class Windows:
@@ -271,8 +295,14 @@ def follow_and_serve(
         follower.stop()
         windows.close()
         rss.stop()
-    out["rss_max_deltas_bytes"] = max(total for t, total, _ in rss.samples if t >= go)
-    out["anon_max_deltas_bytes"] = max(anon for t, _, anon in rss.samples if t >= go)
+    during = [sample for sample in rss.samples if sample[0] >= go]
+    serving = [sample for sample in rss.samples if sample[0] < go][-1]
+    out["rss_max_deltas_bytes"] = max(total for _, total, _, _ in during)
+    out["anon_max_deltas_bytes"] = max(anon for _, _, anon, _ in during)
+    out["rss_end_bytes"] = during[-1][1]
+    out["malloc_in_use_serving_bytes"] = serving[3]
+    out["malloc_in_use_max_deltas_bytes"] = max(in_use for *_, in_use in during)
+    out["malloc_in_use_end_bytes"] = during[-1][3]
     out["commits"] = commit_times(follower)
     out["windows"] = windows
     out["history"] = list(follower.history)
@@ -405,6 +435,15 @@ def figures(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
         "delta_bytes": run["delta_bytes"],
         "rss_growth_deltas": growth / delta_bytes,
         "anon_growth_mb": (run["anon_max_deltas_bytes"] - run["anon_serving_bytes"]) / 2**20,
+        "rss_end_growth_mb": (run["rss_end_bytes"] - run["rss_serving_bytes"]) / 2**20,
+        "malloc_in_use_growth_mb": (
+            run["malloc_in_use_max_deltas_bytes"] - run["malloc_in_use_serving_bytes"]
+        )
+        / 2**20,
+        "malloc_in_use_end_growth_mb": (
+            run["malloc_in_use_end_bytes"] - run["malloc_in_use_serving_bytes"]
+        )
+        / 2**20,
         "table_keys": run["table_keys"],
         "trainer": run["trainer"],
     }
@@ -464,6 +503,9 @@ def report(store: str, f: dict[str, Any], args: argparse.Namespace) -> None:
           f"MiB [<= 2 deltas: {met[t['rss_growth']]}]")  # fmt: skip
     print(f"  of which anonymous memory: growth {f['anon_growth_mb']:.1f} MiB = "
           f"{f['anon_growth_mb'] * 2**20 / np.median(f['delta_bytes']):.2f} deltas")  # fmt: skip
+    print(f"  at the end: RSS {f['rss_end_growth_mb']:+.1f} MiB over serving; malloc's bytes "
+          f"in use {f['malloc_in_use_end_growth_mb']:+.1f} MiB "
+          f"(max {f['malloc_in_use_growth_mb']:+.1f})")  # fmt: skip
     print(f"memory state: {f['memory_state']} (first touch {f['memory_s_per_gib']:.2f} s per GiB)")
 
 
