@@ -181,7 +181,7 @@ def _apply_full(
             found += int(exists.sum())
             new += len(exists) - int(exists.sum())
             batch_differing.append(write_at)
-        differing.append(np.concatenate(batch_differing))
+        differing.append(np.concatenate(batch_differing) if batch_differing else np.zeros(0, int))
     reserve_shards(target, new)
     if link.values is not None:
         rows: Any = (
@@ -232,10 +232,19 @@ def _stale(target: Any, keys: list[np.ndarray]) -> np.ndarray:
     for core, device in zip(target.shards, target.devices, strict=True):
         with tf.device(device):
             held = np.asarray(core.export_all()[0])
-        at = np.minimum(np.searchsorted(wanted, held), max(len(wanted) - 1, 0))
-        missing = np.ones(len(held), bool) if not len(wanted) else wanted[at] != held
+        found = _as_read(held)
+        at = np.minimum(np.searchsorted(wanted, found), max(len(wanted) - 1, 0))
+        missing = np.ones(len(held), bool) if not len(wanted) else wanted[at] != found
         stale.append(held[missing])
     return np.concatenate(stale)
+
+
+def _as_read(keys: np.ndarray) -> np.ndarray:
+    """Keys exported from a table as a shard read gives them back: string keys come out
+    of TensorFlow as ``bytes`` and out of a shard as ``str`` (shards store UTF-8)."""
+    if keys.dtype != object or not len(keys) or not isinstance(keys[0], bytes):
+        return keys
+    return np.array([key.decode() for key in keys], dtype=object)
 
 
 def _shard_sizes(target: Any) -> list[int]:

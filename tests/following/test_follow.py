@@ -195,6 +195,31 @@ def test_a_delta_whose_chain_lost_a_link_waits_for_the_next_full_checkpoint(
 
 
 @pytest.mark.parametrize("full_load", ["staged", "streamed"])
+def test_a_full_checkpoint_of_string_keys_replaces_the_content(
+    tmp_path: Path, full_load: str
+) -> None:
+    """String keys come out of the tables as bytes and out of shards as str: the keys a
+    full checkpoint no longer holds are still found and removed."""
+    trained = ds.Variable("words", dim=2, key_dtype=tf.string)
+    trained.upsert(tf.constant(["a", "b", "c"]), tf.constant([[1.0, 1], [2, 2], [3, 3]]))
+    save(trained, str(tmp_path / "ckpt-0"), full=True)
+    served = ds.Variable("words", dim=2, key_dtype=tf.string, devices=["/CPU:0", "/CPU:0"])
+    follower = ds.Follower(served, str(tmp_path), start=False, full_load=full_load)
+    assert follower.poll() is not None
+    trained.remove(tf.constant(["a"]))
+    trained.upsert(tf.constant(["b", "é"]), tf.constant([[5.0, 5], [6, 6]]))
+    save(trained, str(tmp_path / "ckpt-1"), full=True)
+    applied = follower.poll()
+    assert applied is not None and (applied.kind, applied.upserted, applied.removed) == (
+        "full",
+        2,
+        1,
+    )
+    np.testing.assert_array_equal(content(served)[0], [b"b", b"c", "é".encode()])
+    np.testing.assert_array_equal(content(served)[1], [[5, 5], [3, 3], [6, 6]])
+
+
+@pytest.mark.parametrize("full_load", ["staged", "streamed"])
 def test_a_full_checkpoint_replaces_the_content_without_emptying_the_table(
     tmp_path: Path, trained: ds.Variable, full_load: str
 ) -> None:
