@@ -13,7 +13,8 @@ from de_store.backends import open_backend
 from de_store.checkpoint.commit import committed_folder, read_manifest
 from de_store.testing import StorageLocation
 
-TIMEOUT_S = 2.0
+TIMEOUT_S = 2.0  # how long a rank waits for one that never comes
+PATIENT_S = 60.0  # for ranks started together, however long their imports take
 RESULTS: list[dict[str, Any]] = []
 
 
@@ -54,7 +55,9 @@ def test_a_retry_with_the_same_job_id_never_merges_a_dead_attempts_files(
     assert code != 0 and "rank(s) [1] of 2 did not arrive" in err, err[-3000:]
     assert committed_folder(backend, "B") is None
 
-    outcomes = run_attempt(base, {0: {"version": 4}, 1: {"version": 4}})
+    # both ranks start together; they wait for each other as long as a real job would
+    patient = {"version": 4, "barrier_timeout_s": PATIENT_S}
+    outcomes = run_attempt(base, {0: patient, 1: patient})
     assert [code for code, _ in outcomes] == [0, 0], [err[-3000:] for _, err in outcomes]
     assert restored(f"{url}/B", location.storage_options) == expected_content(4, proc_size=2)
     _, manifest = read_manifest(backend, "B")
