@@ -170,19 +170,8 @@ def _apply_full(
         reserve_shards(target, sum(len(keys) for keys in link.keys))
         _upsert(target, _rows_of(backend, link, options), load_rows(target), done, load=True)
         return
-    found = new = 0
-    differing: list[np.ndarray] = []  # staged: per batch of the link, the rows to write
-    for index, keys in enumerate(link.keys):
-        values = None if link.values is None else link.values[index]
-        batch_differing = []
-        for start in range(0, len(keys), LOOKUP_ROWS):
-            end = start + LOOKUP_ROWS
-            write_at, exists = _to_write(target, keys[start:end], values, start)
-            found += int(exists.sum())
-            new += len(exists) - int(exists.sum())
-            batch_differing.append(write_at)
-        differing.append(np.concatenate(batch_differing) if batch_differing else np.zeros(0, int))
-    reserve_shards(target, new)
+    found, differing = _compare(target, link)
+    reserve_shards(target, sum(len(keys) for keys in link.keys) - found)
     if link.values is not None:
         rows: Any = (
             (keys[at], values[at])
@@ -193,6 +182,23 @@ def _apply_full(
     _upsert(target, rows, chunk_rows, done)
     if found < held_before:
         _remove(target, [_stale(target, link.keys)], chunk_rows, done)
+
+
+def _compare(target: Any, link: LinkRows) -> tuple[int, list[np.ndarray]]:
+    """One pass of lookups over the link's keys: how many of them the tables hold, and
+    for each batch of the link the positions of the rows to write (staged: the rows not
+    held with those values; streamed: the keys not held)."""
+    found = 0
+    differing = []
+    for index, keys in enumerate(link.keys):
+        values = None if link.values is None else link.values[index]
+        positions = [np.zeros(0, np.int64)]
+        for start in range(0, len(keys), LOOKUP_ROWS):
+            write_at, exists = _to_write(target, keys[start : start + LOOKUP_ROWS], values, start)
+            found += int(exists.sum())
+            positions.append(write_at)
+        differing.append(np.concatenate(positions))
+    return found, differing
 
 
 #: Keys one lookup step of a full checkpoint over live tables looks up (about 10 ms on a
