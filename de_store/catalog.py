@@ -14,15 +14,15 @@ import json
 import posixpath
 import re
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from de_store.backends import Backend, open_backend, open_location
 from de_store.checkpoint import gc, names
 from de_store.checkpoint.chain import iter_manifests, parent_folder
 from de_store.checkpoint.commit import (
+    commit_time,
     committed_folder,
     latest_generation,
-    parse_commit_record,
     read_manifest,
 )
 from de_store.checkpoint.manifest import Manifest
@@ -123,12 +123,7 @@ def summarize(backend: Backend, folder: str, files: list[str]) -> CheckpointSumm
 
 def _committed_summary(backend: Backend, folder: str) -> CheckpointSummary:
     _, manifest = read_manifest(backend, folder)
-    marker = backend.join(folder, names.commit_name(latest_generation(backend, folder)))
-    try:
-        record = parse_commit_record(backend.read_bytes(marker))
-        committed = float(cast(float, record["committed"]))
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{marker}: commit record is not valid ({err})") from err
+    committed = commit_time(backend, folder, latest_generation(backend, folder))
     return CheckpointSummary(
         folder,
         "committed",

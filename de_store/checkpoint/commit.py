@@ -22,9 +22,11 @@ import abc
 import contextlib
 import json
 import os
+import posixpath
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import google_crc32c
 
@@ -34,6 +36,8 @@ from de_store.checkpoint import names
 from de_store.checkpoint.manifest import Manifest, manifest_from_json, to_json
 from de_store.checkpoint.retry import NO_RETRY, RetryPolicy, write_once_checked
 from de_store.errors import AlreadyExistsError, CheckpointError, CheckpointNotFoundError
+
+T = TypeVar("T")
 
 
 class CommitStrategy(abc.ABC):
@@ -434,17 +438,62 @@ def recorded_manifest(
     CheckpointError
         The commit record is gone or not valid.
     """
-    where = where or Location(backend, folder).url
+    return read_commit_record(backend, folder, generation, _manifest_fields, where)
+
+
+def _manifest_fields(record: dict[str, Any]) -> tuple[int, int]:
+    return int(record["manifest_bytes"]), int(record["manifest_crc32c"])
+
+
+def read_commit_record(
+    backend: Backend,
+    folder: str,
+    generation: int,
+    fields: Callable[[dict[str, Any]], T],
+    where: str | None = None,
+) -> T:
+    """``fields(record)`` of ``folder``'s commit record of ``generation``, the record
+    checked against its own crc32c (``where``: the checkpoint's URL in messages).
+
+    Raises
+    ------
+    CheckpointError
+        The commit record is gone, not valid, or lacks what ``fields`` takes from it.
+    """
     marker = backend.join(folder, names.commit_name(generation))
     try:
-        record = parse_commit_record(backend.read_bytes(marker))
-        return (int(record["manifest_bytes"]), int(record["manifest_crc32c"]))  # type: ignore[call-overload]
+        return fields(parse_commit_record(backend.read_bytes(marker)))
     except FileNotFoundError as err:
+        where = where or Location(backend, folder).url
         raise CheckpointError(f"{where}: commit record {marker} vanished while read") from err
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(
             f"{Location(backend, marker).url}: commit record is not valid ({err})"
         ) from err
+
+
+def commit_time(backend: Backend, folder: str, generation: int) -> float:
+    """The commit time (seconds since the epoch, the saver's clock) that ``folder``'s
+    commit record of ``generation`` records.
+
+    Raises
+    ------
+    CheckpointError
+        The commit record is gone or not valid.
+    """
+    return read_commit_record(backend, folder, generation, lambda r: float(r["committed"]))
+
+
+def committed_generations_in(paths: Iterable[str]) -> dict[str, int]:
+    """Each folder that holds a commit record among ``paths`` (a listing) -> its highest
+    generation."""
+    found: dict[str, int] = {}
+    for path in paths:
+        head, base = posixpath.split(path)
+        generation = names.commit_generation(base)
+        if generation is not None and head:
+            found[head] = max(found.get(head, 0), generation)
+    return found
 
 
 def checked_manifest(

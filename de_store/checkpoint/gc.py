@@ -32,7 +32,11 @@ from de_store.backends.base import Backend
 from de_store.backends.location import Location
 from de_store.checkpoint import binding, names, staging
 from de_store.checkpoint.chain import parent_folder
-from de_store.checkpoint.commit import checked_manifest, recorded_manifest
+from de_store.checkpoint.commit import (
+    checked_manifest,
+    committed_generations_in,
+    recorded_manifest,
+)
 from de_store.checkpoint.manifest import Manifest
 from de_store.errors import CheckpointError, GCRefusedError
 
@@ -162,14 +166,11 @@ def _committed_manifests(backend: Backend) -> dict[str, Manifest]:
     """The manifest of every committed top folder (a commit record right in it), from one
     listing; a manifest read before in this process is not read again (see
     :func:`_manifest`)."""
-    generations: dict[str, int] = {}
-    for path in backend.list(""):
-        folder, _, base = path.partition("/")
-        generation = names.commit_generation(base)
-        if generation is not None:  # a file right in a top folder
-            generations[folder] = max(generations.get(folder, 0), generation)
+    generations = committed_generations_in(backend.list(""))
     manifests = {}
     for folder, generation in sorted(generations.items()):
+        if "/" in folder:  # not a top folder
+            continue
         try:
             manifests[folder] = _manifest(backend, folder, generation)
         except CheckpointError:

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import posixpath
 from collections.abc import Sequence
-from typing import cast
 
 from de_store.backends import Backend, Location
 from de_store.checkpoint import names
 from de_store.checkpoint.chain import iter_manifests, parent_folder
-from de_store.checkpoint.commit import parse_commit_record
+from de_store.checkpoint.commit import committed_generations_in
 from de_store.checkpoint.manifest import Manifest, VariableEntry
 from de_store.checkpoint.retry import RetryPolicy
 from de_store.errors import CheckpointError
@@ -74,29 +72,11 @@ class Update:
 def committed_generations(backend: Backend) -> dict[str, int]:
     """Every committed checkpoint folder under ``backend`` -> its highest generation, from
     one listing."""
-    found: dict[str, int] = {}
-    for path in backend.list(""):
-        head, base = posixpath.split(path)
-        generation = names.commit_generation(base)
-        if generation is None or not head:
-            continue
-        parts = head.split("/")
-        if any(names.is_pending(p) or names.REPLACED_INFIX in p for p in parts):
-            continue
-        found[head] = max(found.get(head, 0), generation)
-    return found
-
-
-def commit_time(backend: Backend, folder: str, generation: int) -> float:
-    """The commit time recorded by ``folder``'s commit record of ``generation``."""
-    marker = backend.join(folder, names.commit_name(generation))
-    try:
-        record = parse_commit_record(backend.read_bytes(marker))
-        return float(cast(float, record["committed"]))
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(
-            f"{Location(backend, marker).url}: commit record is not valid ({err})"
-        ) from err
+    return {
+        folder: generation
+        for folder, generation in committed_generations_in(backend.list("")).items()
+        if not any(names.is_pending(p) or names.REPLACED_INFIX in p for p in folder.split("/"))
+    }
 
 
 def plan_update(

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from de_store.backends import Backend, Location, open_backend
+from de_store.checkpoint.commit import commit_time
 from de_store.checkpoint.retry import RetryPolicy
 from de_store.errors import DeStoreError
 from de_store.following import _apply, _targets, _watch
@@ -231,7 +232,7 @@ class Follower:
                 continue
             if key not in self._times:
                 try:
-                    self._times[key] = _watch.commit_time(self._backend, folder, generation)
+                    self._times[key] = commit_time(self._backend, folder, generation)
                 except (DeStoreError, OSError) as err:  # gc'd meanwhile, or damaged
                     logger.warning("following %s: skipping %s: %s", self.url, folder, err)
                     self._refused.add(key)
