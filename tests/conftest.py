@@ -106,5 +106,32 @@ def storage_location(request: pytest.FixtureRequest) -> StorageLocation:
     return location
 
 
+#: Modules whose fixtures or tests take minutes (``pytest --durations=40``: the PS
+#: clusters' module fixtures, the Keras 2 suite's child process), longest first. They are
+#: handed to the workers first and the other modules after them, most tests first: given
+#: last, one of them kept one worker busy for minutes after the other had finished.
+LONG_MODULES = (
+    "tests/distribute/test_ps_tfra.py",
+    "tests/distribute/test_ps.py",
+    "tests/test_keras2_suite.py",
+    "tests/faults/test_faults_readers.py",
+    "tests/distribute/test_ps_restore.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the modules for ``--dist loadscope`` (see :data:`LONG_MODULES`); the tests of
+    a module keep their order."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def rank(path: str) -> tuple[int, int]:
+        first = LONG_MODULES.index(path) if path in LONG_MODULES else len(LONG_MODULES)
+        return first, -len(modules[path])
+
+    items[:] = [item for path in sorted(modules, key=rank) for item in modules[path]]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_CACHE_DIR, ignore_errors=True)
