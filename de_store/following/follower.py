@@ -20,15 +20,14 @@ sees each key's row from the checkpoint held before or from the new one.
 from __future__ import annotations
 
 import collections
-import ctypes
 import dataclasses
-import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from de_store._memory import release_freed_memory
 from de_store.backends import Backend, Location, open_backend
 from de_store.checkpoint.commit import commit_time
 from de_store.checkpoint.retry import RetryPolicy
@@ -217,7 +216,7 @@ class Follower:
             applied = self._apply(newest)
             if applied is not None and not self._prepared:
                 self._prepare_writes()
-            _release_freed_memory()  # what was read for it is freed by now
+            release_freed_memory()  # what was read for it is freed by now
             return applied
 
     def _newest(self) -> _watch.Committed | None:
@@ -300,21 +299,6 @@ class Follower:
         where = Location(self._backend, target.folder).url
         logger.warning("following %s: checkpoint %s %s: %s", self.url, where, what, err,
                        exc_info=not isinstance(err, (DeStoreError, OSError)))  # fmt: skip
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    return getattr(ctypes.CDLL(None), "malloc_trim", None)
-
-
-def _release_freed_memory() -> None:
-    """Hand the whole free pages malloc holds back to the system (glibc's ``malloc_trim``;
-    elsewhere nothing). glibc keeps what a thread frees in that thread's arena for its
-    next allocations; the buffers a checkpoint was read into would stay in the process
-    after each apply, and with each new checkpoint's buffers laid elsewhere, build up."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def follow(variables: Any, url: str, **kwargs: Any) -> Follower:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from de_store._memory import release_freed_memory
 from de_store.backends import Backend, Location
 from de_store.checkpoint import events
 from de_store.checkpoint.manifest import Manifest
@@ -70,5 +71,7 @@ def restore_checkpoint(
     read = read_rows(plan)
     load_rows(plan, read)
     rows = sum(variable.rows for variable in read)
+    del read
+    release_freed_memory()  # the buffers the rows were read into
     events.restored(plan.where.url, topology, rows, plan.links, plan.bytes, start)
     return plan.manifest
