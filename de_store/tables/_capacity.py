@@ -97,13 +97,16 @@ class CapacityOps(ProbeOps):
         self.place_from_home(entries[:, 0], entries[:, 1])
         self.t.num_deleted.assign(0)
 
-    def reserve(self, incoming: tf.Tensor, batches_ahead: int = 0) -> None:
+    def reserve(
+        self, incoming: tf.Tensor, batches_ahead: int = 0, compiled_rehash: bool = False
+    ) -> None:
         """Rehash into a bigger index first when ``incoming`` new keys could overflow it.
 
         A growth also leaves room for ``batches_ahead`` more batches of ``incoming`` keys
         (at most :data:`AHEAD_MAX_KEYS` keys more): an insert that makes the table grow
         may well be followed by more like it (a table being filled), and every capacity
         a table meets costs a rehash and the compiles of its first probe rounds.
+        ``compiled_rehash``: see :meth:`rehash`.
         """
         t = self.t
         capacity = variable_length(t.index)
@@ -118,18 +121,30 @@ class CapacityOps(ProbeOps):
                 lambda c: [c * 2],  # a list, as the loop variables: eager loops need one
                 [capacity],
             )[0]
-            self.rehash(new_capacity)
+            self.rehash(new_capacity, compiled_rehash)
             return tf.constant(True)
 
         tf.cond(used > limit, grow, lambda: tf.constant(False))
 
-    def rehash(self, capacity: tf.Tensor) -> None:
-        """Rebuild the index at ``capacity``, dropping tombstones; rows do not move."""
+    def rehash(self, capacity: tf.Tensor, compiled: bool = False) -> None:
+        """Rebuild the index at ``capacity``, dropping tombstones; rows do not move.
+
+        ``compiled``: the live keys are placed as a bulk load places them (:meth:`place`:
+        the compiled race, chunk after chunk, then the loop for the keys left), not by the
+        probe loop alone, which takes about twice as long a key. The inserts that grow a
+        table being filled rehash millions of keys, each time at the capacity they insert
+        at next (one XLA compile serves both). The race makes the kernels that hold it
+        trace longer, so only growing inserts take it; a bulk load runs in a table its
+        restore grew first.
+        """
         t = self.t
         live = self.live_entries()
         replace(t.index, empty_index(capacity))
         t.num_deleted.assign(0)
-        self.place_from_home(live[:, 0], live[:, 1])
+        if compiled:
+            self.place(live[:, 0], live[:, 1])
+        else:
+            self.place_from_home(live[:, 0], live[:, 1])
 
     def allocate_rows(self, count: tf.Tensor) -> tf.Tensor:
         """Take ``count`` row ids: freed rows first, then fresh ones (growing the store)."""

@@ -171,7 +171,8 @@ class Kernels:
 
     def _made_eager(self, name: str) -> Any:
         function = getattr(self, name)
-        kernel = _kernel_cache.load(self.config, name)
+        # A kernel the cache was asked for already (``_cached``) is not read again.
+        kernel = None if name in self._missed else _kernel_cache.load(self.config, name)
         if kernel is None:
             # Run as stored: the functions have the names later processes see.
             concrete = function.get_concrete_function()

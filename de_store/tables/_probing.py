@@ -244,10 +244,11 @@ class ProbeOps:
         )
 
     def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-        """:meth:`place` in the probe loop only, from each key's home slot (a rehash: its
-        batches have every size, and a compiled race compiles for each). The loop keeps
-        the compiled race out of every kernel that may rehash, so those trace faster: a
-        restore traces them, and a growth rehashes only a few times."""
+        """:meth:`place` in the probe loop only, from each key's home slot: the rehash of
+        every kernel but a growing insert's (see
+        :meth:`~._capacity.CapacityOps.rehash`), and a fixed-shape table's placing. The
+        loop keeps the compiled race out of those kernels, so they trace faster: a
+        restore traces its bulk load in a new process before its first rows load."""
         home = home_slots(keys, variable_length(self.t.index) - 1)
         return self._place_loop(keys, rows, home)
 

@@ -62,7 +62,7 @@ class TableOps(CapacityOps, TrackingOps):
         if t.fixed_shapes:
             self.reserve(self._incoming("insert", keys))
         else:
-            self.reserve(n, BATCHES_AHEAD)
+            self.reserve(n, BATCHES_AHEAD, compiled_rehash=True)
         # Key ``i`` claims with the token ``base + i`` (rows held now are below ``base``).
         base = t.next_row.read_value()
         claims = self.find_or_claim(keys, base)
