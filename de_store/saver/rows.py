@@ -540,17 +540,30 @@ def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) 
 
 
 def _prepare_shard(table: SavedVariable, shard: int, share: int, batch_rows: int) -> None:
-    """Grow shard ``shard`` of ``table`` for ``share`` rows, run its bulk load once on no
-    rows and compile its load of ``batch_rows`` keys (see :func:`grow_for_restore`)."""
-    _reserve_shard(table, shard, share)
+    """Grow shard ``shard`` of ``table`` for ``share`` rows and compile its load of
+    ``batch_rows`` keys, while a helper thread runs its bulk load once on no rows (see
+    :func:`grow_for_restore`).
+
+    That first call readies the load's kernel: read from the kernel cache or traced
+    (0.3 s of Python in a new container), then instantiated on the device (0.1 s). It
+    needs the growth done only to run, after both, so the two overlap.
+    """
     # The shard's core directly: the variable's methods take its lock, which would
     # prepare the shards one after the other.
     core = table.shards[shard]
+    with ThreadPoolExecutor(1, thread_name_prefix="de_store-load-kernel") as helper:
+        ready = helper.submit(_load_nothing, table, shard)
+        _reserve_shard(table, shard, share)
+        if hasattr(core, "compile_load"):
+            with tf.device(table.devices[shard]):
+                core.compile_load(batch_rows)
+        ready.result()
+
+
+def _load_nothing(table: SavedVariable, shard: int) -> None:
     with tf.device(table.devices[shard]):
         keys = tf.zeros([0], table.key_dtype)
-        core.load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype))
-        if hasattr(core, "compile_load"):
-            core.compile_load(batch_rows)
+        table.shards[shard].load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype))
 
 
 def restore_shares(variable: SavedVariable, parts: Iterable[tuple[int, int, int]]) -> list[int]:
