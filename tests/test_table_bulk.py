@@ -91,6 +91,29 @@ def test_a_bulk_load_restores_every_row_and_refuses_repeated_keys():
         again.load_distinct(tf.constant(repeated), tf.zeros([repeated.size, 3]))
 
 
+def test_a_bulk_load_whose_room_was_taken_loads_by_the_kernel_that_grows(monkeypatch):
+    """An eager bulk load makes room, then runs a kernel that does not grow; when the room
+    is gone by then (another thread's insert took it), that kernel fails before it writes
+    and the load runs again with growth: every row is loaded once."""
+    rng = np.random.default_rng(5)
+    keys = rng.choice(10**12, BULK, replace=False)
+    values = rng.normal(size=(keys.size, 3)).astype(np.float32)
+    table = HashTable(tf.int64, tf.float32, 3, name="taken")
+    kernels: list[str] = []
+    run = HashTable._run
+
+    def no_room_made(self: HashTable, kernel: str, *args: tf.Tensor) -> object:
+        kernels.append(kernel)
+        return None if kernel == "prepare" else run(self, kernel, *args)
+
+    monkeypatch.setattr(HashTable, "_run", no_room_made)
+    table.load_distinct(tf.constant(keys), tf.constant(values))
+    assert kernels == ["prepare", "load_prepared", "load_distinct"]
+    monkeypatch.undo()
+    _check(table, dict(zip(keys.tolist(), values, strict=True)))
+    assert int(table.size()) == keys.size
+
+
 def test_threads_run_bulk_calls_on_other_devices_at_once(monkeypatch):
     """Tables on a device other than the default one, written by two threads at once with
     every call op by op (TensorFlow's eager slices there are not safe from two threads at

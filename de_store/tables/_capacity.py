@@ -17,6 +17,8 @@ from de_store.tables._variables import push, read_shared, replace, variable_leng
 #: Most keys an insert's growth leaves room for beyond its own (see ``reserve``): 2**22,
 #: an index of at most 2**23 more slots (128 MB).
 AHEAD_MAX_KEYS = 1 << 22
+#: How :meth:`CapacityOps.room_for_load` fails.
+NO_ROOM = "the table has no room for a bulk load of"
 #: Batches like the one that makes a table grow that the growth leaves room for.
 BATCHES_AHEAD = 3
 
@@ -73,6 +75,22 @@ class CapacityOps(ProbeOps):
             ],
             summarize=1,
         )
+
+    def room_for_load(self, count: tf.Tensor) -> tf.Operation:
+        """An assertion that ``count`` more keys fit the index and the row store as they
+        are, without growing (:meth:`~._table_ops.TableOps.load_prepared`)."""
+        t = self.t
+        limit = self._load_limit(variable_length(t.index))
+        rows_needed = t.next_row + tf.maximum(count - t.num_free, 0)
+        fits = tf.logical_and(
+            t.num_keys + t.num_deleted + count <= limit, rows_needed <= variable_length(t.values)
+        )
+        return tf.debugging.Assert(
+            fits,
+            [NO_ROOM, count, "keys; keys held", t.num_keys,
+             "load limit", limit, "rows needed", rows_needed],
+            summarize=1,
+        )  # fmt: skip
 
     def _incoming(self, kernel: str, keys: tf.Tensor) -> tf.Tensor:
         """The keys ``kernel`` may add: those absent now (a repeated one counted each time
@@ -146,15 +164,17 @@ class CapacityOps(ProbeOps):
         else:
             self.place_from_home(live[:, 0], live[:, 1])
 
-    def allocate_rows(self, count: tf.Tensor) -> tf.Tensor:
-        """Take ``count`` row ids: freed rows first, then fresh ones (growing the store)."""
+    def allocate_rows(self, count: tf.Tensor, grow: bool = True) -> tf.Tensor:
+        """Take ``count`` row ids: freed rows first, then fresh ones (growing the store,
+        unless ``grow`` is False: the caller checked that they fit)."""
         t = self.t
         reused = tf.minimum(count, t.num_free)
         top = t.num_free.read_value()
         from_free = tf.gather(t.free_rows, tf.range(top - reused, top))
         fresh_start = t.next_row.read_value()
         fresh = tf.range(fresh_start, fresh_start + count - reused)
-        self._ensure_rows(fresh_start + count - reused)
+        if grow:
+            self._ensure_rows(fresh_start + count - reused)
         t.num_free.assign_sub(reused)
         t.next_row.assign_add(count - reused)
         return tf.concat([from_free, fresh], axis=0)

@@ -28,7 +28,15 @@ __all__ = ["Config", "Kernels", "State", "View", "kernels_for"]
 #: :meth:`Kernels._runs_op_by_op`).
 OP_BY_OP_MIN_KEYS = 1 << 16
 OP_BY_OP_KEYED = frozenset(
-    ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
+    [
+        "lookup",
+        "insert",
+        "load_distinct",
+        "load_prepared",
+        "accum_insert",
+        "accum_existing",
+        "remove",
+    ]
 )
 #: Kernels whose eager calls run op by op until the traced kernel is ready: the bulk
 #: steps of a save.
@@ -62,7 +70,8 @@ class Kernels:
         self._tracing = threading.Lock()
         self._traces: dict[str, Future[Any]] = {}
         self._missed: set[str] = set()  # not in the kernel cache when first asked
-        names = ["lookup", "insert", "load_distinct", "accum_insert", "accum_existing", "remove"]
+        names = ["lookup", "insert", "load_distinct", "load_prepared", "accum_insert"]
+        names += ["accum_existing", "remove"]
         names += ["clear", "prepare", "export_all", "export_changes", "forget_removed", "size"]
         names.append("compile_load")
         names.append("snapshot")
