@@ -340,6 +340,10 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
         # TensorFlow's own hash table
         "restore_over_raw_read_and_dense_index": r["restore_s"]
         / (r["raw_read_s"] + r["dense_index_s"]),
+        # the bound a restore that overlaps its reading and its indexing can reach: the
+        # slower of the two (the target: at most 1.2x)
+        "restore_over_slower_of_raw_read_and_dense_index": r["restore_s"]
+        / max(r["raw_read_s"], r["dense_index_s"]),
         "reshard_restore_over_raw_read": r["reshard_restore_s"] / r["raw_read_s"],
         "reshard_restore_over_restore": r["reshard_restore_s"] / r["restore_s"],
         "sync_save_over_tf_dense_save": r["sync_save_s"] / r["tf_dense_save_s"],

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
-from de_store.tables import HashTable, _kernels, _xla
+from de_store.tables import HashTable, _index, _kernels, _xla
 
 BULK = _kernels.OP_BY_OP_MIN_KEYS
 
@@ -112,6 +112,24 @@ def test_a_bulk_load_whose_room_was_taken_loads_by_the_kernel_that_grows(monkeyp
     monkeypatch.undo()
     _check(table, dict(zip(keys.tolist(), values, strict=True)))
     assert int(table.size()) == keys.size
+
+
+@pytest.mark.parametrize("held", [0, 3 * BULK], ids=["empty", "holding_keys"])
+def test_the_load_compile_started_before_a_growth_is_the_one_the_grown_table_runs(held):
+    """A restore starts compiling its loads before it grows the tables
+    (``compile_load(count, room_for=rows)``), for the capacity the growth will give: the
+    shape its loads run at once the table has grown."""
+    table = HashTable(tf.int64, tf.float32, 3, name="ahead")
+    if held:
+        keys = np.arange(held, dtype=np.int64)
+        table.insert(tf.constant(keys), tf.zeros([held, 3]))
+    rows = 5 * BULK
+    table.compile_load(BULK, room_for=rows)
+    _xla.wait_for_compiles()
+    compiled = set(_xla._compiled)
+    table.reserve(rows)
+    race = _index.race_from[table._kernels.config.serial_scatter]
+    assert _xla._signature(race, table.index, _index.load_race_args()) in compiled
 
 
 def test_threads_run_bulk_calls_on_other_devices_at_once(monkeypatch):

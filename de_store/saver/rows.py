@@ -540,9 +540,9 @@ def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) 
 
 
 def _prepare_shard(table: SavedVariable, shard: int, share: int, batch_rows: int) -> None:
-    """Grow shard ``shard`` of ``table`` for ``share`` rows and compile its load of
-    ``batch_rows`` keys, while a helper thread runs its bulk load once on no rows (see
-    :func:`grow_for_restore`).
+    """Start compiling shard ``shard`` of ``table``'s load of ``batch_rows`` keys for the
+    room of ``share`` rows, then grow it for them, while a helper thread runs its bulk
+    load once on no rows (see :func:`grow_for_restore`).
 
     That first call readies the load's kernel: read from the kernel cache or traced
     (0.3 s of Python in a new container), then instantiated on the device (0.1 s). It
@@ -553,10 +553,10 @@ def _prepare_shard(table: SavedVariable, shard: int, share: int, batch_rows: int
     core = table.shards[shard]
     with ThreadPoolExecutor(1, thread_name_prefix="de_store-load-kernel") as helper:
         ready = helper.submit(_load_nothing, table, shard)
-        _reserve_shard(table, shard, share)
-        if hasattr(core, "compile_load"):
+        if hasattr(core, "compile_load"):  # at the capacity the growth makes, from now on
             with tf.device(table.devices[shard]):
-                core.compile_load(batch_rows)
+                core.compile_load(batch_rows, room_for=share)
+        _reserve_shard(table, shard, share)
         ready.result()
 
 

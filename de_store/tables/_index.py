@@ -266,6 +266,13 @@ race_from = {
 }
 
 
+def load_race_args() -> tuple[tf.Tensor, ...]:
+    """Arguments of :data:`race_from` with no key taking part (``count`` 0): what a call
+    that only makes XLA compile its shape passes."""
+    chunk = tf.zeros([CHUNK], tf.int64)
+    return chunk, chunk, tf.constant(0, tf.int64), chunk
+
+
 #: The Python functions of the compiled rounds, run as TensorFlow ops: what an eager bulk
 #: call runs while XLA compiles its shape (:mod:`._xla`).
 plain = {

@@ -18,7 +18,7 @@ import tensorflow as tf
 from de_store.tables import _xla
 from de_store.tables._capacity import BATCHES_AHEAD, CapacityOps
 from de_store.tables._change_tracking import STAMP_DTYPE, TrackingOps
-from de_store.tables._index import CHUNK, DELETED, EMPTY, empty_index, race_from
+from de_store.tables._index import DELETED, EMPTY, empty_index, load_race_args, race_from
 from de_store.tables._types import Claims
 from de_store.tables._variables import count as _count
 from de_store.tables._variables import read_shared, replace, variable_length
@@ -235,8 +235,7 @@ class TableOps(CapacityOps, TrackingOps):
         which XLA's scatter skips). Eagerly the compile runs in the background
         (:mod:`._xla`). ``count``, the keys of a load batch, is checked by the caller."""
         del count  # one shape a capacity, whatever the batch
-        chunk = tf.zeros([CHUNK], tf.int64)
-        args = (chunk, chunk, tf.constant(0, tf.int64), chunk)
+        args = load_race_args()
         race = race_from[self.t.serial_scatter]
         if tf.executing_eagerly():
             _xla.prepare(race, self.t.index, *args)

@@ -41,7 +41,7 @@ from de_store.tables._locking import unoptimized_calls
 
 log = logging.getLogger("de_store")
 
-__all__ = ["call", "prepare", "wait_for_compiles"]
+__all__ = ["call", "prepare", "prepare_at", "wait_for_compiles"]
 
 _lock = threading.Lock()
 #: Shapes compiled in this process, and those being compiled.
@@ -61,7 +61,7 @@ def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
     if signature in _compiled:
         with unoptimized_calls():
             return _as_cached(function)(index.handle, *args)
-    _start(signature, function, index, args)
+    _start(signature, function, index.device, index.dtype, args)
     return plain[function](index.handle, *args)
 
 
@@ -70,7 +70,16 @@ def prepare(function: Any, index: tf.Variable, *args: tf.Tensor) -> None:
     background, unless this process has (a restore, before its rows are read)."""
     signature = _signature(function, index, args)
     if signature not in _compiled:
-        _start(signature, function, index, args)
+        _start(signature, function, index.device, index.dtype, args)
+
+
+def prepare_at(function: Any, index: tf.Variable, capacity: int, *args: tf.Tensor) -> None:
+    """:func:`prepare` for ``index`` once it holds ``capacity`` slots (a restore, before
+    it grows the index: the compile and the growth overlap)."""
+    shape = (capacity, *(int(x) for x in index.shape[1:]))
+    signature = (function, index.device, shape, tuple(tuple(a.shape.as_list()) for a in args))
+    if signature not in _compiled:
+        _start(signature, function, index.device, index.dtype, args)
 
 
 def _signature(function: Any, index: tf.Variable, args: tuple[Any, ...]) -> Hashable:
@@ -87,7 +96,9 @@ def wait_for_compiles() -> None:
     concurrent.futures.wait(pending)
 
 
-def _start(signature: Hashable, function: Any, index: tf.Variable, args: tuple[Any, ...]) -> None:
+def _start(
+    signature: Hashable, function: Any, device: str, dtype: tf.DType, args: tuple[Any, ...]
+) -> None:
     global _pool
     with _lock:
         if signature in _pending or signature in _compiled:
@@ -96,7 +107,7 @@ def _start(signature: Hashable, function: Any, index: tf.Variable, args: tuple[A
             _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="de_store-xla")
         specs = [tf.TensorSpec(a.shape, a.dtype) for a in args]
         shape = tf.TensorShape(signature[2])  # type: ignore[index]
-        future = _pool.submit(_compile, function, index.device, shape, index.dtype, specs)
+        future = _pool.submit(_compile, function, device, shape, dtype, specs)
         _pending[signature] = future
     future.add_done_callback(lambda done: _finish(signature, done))
 

@@ -115,6 +115,7 @@ from de_store.tables import (
     _ps_growth,
     _types,
     _variables,
+    _xla,
 )
 from de_store.tables._capacity import NO_ROOM
 from de_store.tables.base import TableCore, TableSnapshot
@@ -327,12 +328,28 @@ class HashTable(TableCore):
             else:
                 self._run("prepare", tf.constant(count, tf.int64))
 
-    def compile_load(self, count: int) -> None:
+    def compile_load(self, count: int, room_for: int = 0) -> None:
         """Start XLA compiling, in the background, what a bulk load of ``count`` keys runs
         compiled at the table's capacity now, writing nothing: a restore does it for its
-        load batches before it reads the shards (see :mod:`._xla`)."""
-        if count >= _index.COMPILED_MIN_KEYS:
-            self._run("compile_load", tf.constant(count, tf.int64))
+        load batches before it reads the shards (see :mod:`._xla`).
+
+        With ``room_for``, at the capacity the index has once ``reserve(room_for)`` made
+        room for that many more keys: a restore starts the compile before it grows the
+        table, so that the two overlap (an eager call of a growable table; others compile
+        at the capacity now).
+        """
+        if count < _index.COMPILED_MIN_KEYS:
+            return
+        if room_for and self._growth is None and tf.executing_eagerly():
+            # reserve grows to the smallest power of two holding the keys (or not at all)
+            now = int(tf.raw_ops.VariableShape(input=self.index.handle, out_type=tf.int64)[0])
+            wanted = int(self.num_keys.read_value()) + room_for
+            capacity = max(now, _index.capacity_for(wanted, self.max_load_factor))
+            race = _index.race_from[self._kernels.config.serial_scatter]
+            with tf.device(self._device):
+                _xla.prepare_at(race, self.index, capacity, *_index.load_race_args())
+            return
+        self._run("compile_load", tf.constant(count, tf.int64))
 
     def clear(self) -> Any:
         """Remove every key; an index or row store that held some returns to its initial

@@ -303,7 +303,9 @@ def test_restore_grows_each_table_shard_once_for_exactly_its_rows(
     compiled: list[tuple[str, int]] = []
     monkeypatch.setattr(HashTable, "reserve", reserve)
     monkeypatch.setattr(HashTable, "load_distinct", load_distinct)
-    monkeypatch.setattr(HashTable, "compile_load", lambda t, n: compiled.append((t.name, n)))
+    monkeypatch.setattr(
+        HashTable, "compile_load", lambda t, n, room_for=0: compiled.append((t.name, n))
+    )
     tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
     for variable in (restored, restored.companions()["adam_m"]):
         sizes = [int(variable.size(index)) for index in range(shards)]
