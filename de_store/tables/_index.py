@@ -79,20 +79,28 @@ def hash_keys(keys: tf.Tensor) -> tf.Tensor:
 def find_in(index: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
     """The row of each key in ``index``, a tensor (a table's snapshot), ``EMPTY`` for a
     key it does not hold: the probe of a lookup, run eagerly round by round on the keys
-    left (a snapshot is looked up once, in the background, so nothing is compiled)."""
-    mask = tf.shape(index, out_type=tf.int64)[0] - 1
+    left (a snapshot is looked up once, in the background, so nothing is compiled).
+
+    It runs no strided slice: TensorFlow 2.21's eager strided slices on a device other
+    than the default one, run by two threads at once, may each be given the other's
+    bounds, and this runs in a save's background thread beside the training thread's
+    ops on the table's device. Columns are gathered, the capacity is read from the shape.
+    """
+    mask = int(index.shape[0]) - 1
     left = tf.range(tf.size(keys, out_type=tf.int64))
     pos = home_slots(keys, mask)
     done_at, done_rows = [], []
-    for _ in range(int(mask) + 1):  # every slot, at most: an index always has empty ones
+    for _ in range(mask + 1):  # every slot, at most: an index always has empty ones
         if int(tf.size(left)) == 0:
             break
         entry = tf.gather(index, pos)
-        hit = tf.logical_and(entry[:, 1] >= 0, tf.equal(entry[:, 0], keys))
-        stop = tf.logical_or(hit, tf.equal(entry[:, 1], EMPTY))
-        done, keep = tf.where(stop)[:, 0], tf.where(tf.logical_not(stop))[:, 0]
+        held, rows = tf.gather(entry, 0, axis=1), tf.gather(entry, 1, axis=1)
+        hit = tf.logical_and(rows >= 0, tf.equal(held, keys))
+        stop = tf.logical_or(hit, tf.equal(rows, EMPTY))
+        done = tf.reshape(tf.where(stop), [-1])
+        keep = tf.reshape(tf.where(tf.logical_not(stop)), [-1])
         done_at.append(tf.cast(tf.gather(left, done), tf.int32))
-        found = tf.gather(entry[:, 1], done)
+        found = tf.gather(rows, done)
         done_rows.append(tf.where(tf.gather(hit, done), found, tf.constant(EMPTY, tf.int64)))
         left, keys = tf.gather(left, keep), tf.gather(keys, keep)
         pos = next_slots(tf.gather(pos, keep), keys, mask)

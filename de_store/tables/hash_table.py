@@ -270,7 +270,8 @@ class HashTable(TableCore):
         default = _checks.default_rows(
             self.table_name, self.value_dtype, self.dim, tf.size(keys), default_value
         )
-        return tf.where(exists[:, None], values, default), exists
+        # expand_dims, not a strided slice: see _index.find_in
+        return tf.where(tf.expand_dims(exists, 1), values, default), exists
 
     def insert(self, keys: tf.Tensor, values: tf.Tensor) -> Any:
         """Upsert rows; a key repeated in the batch keeps its last value."""
