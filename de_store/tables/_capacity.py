@@ -48,13 +48,8 @@ class CapacityOps(ProbeOps):
         t = self.t
         if kernel in ("insert", "load_distinct", "accum_insert", "prepare"):
             incoming = self._incoming(kernel, args[0])
-            capacity = variable_length(t.index)
-            limit = self._load_limit(capacity)
-            rows = variable_length(t.values)
-            rows_needed = t.next_row + tf.maximum(incoming - t.num_free, 0)
-            fits = tf.logical_and(t.num_keys + incoming <= limit, rows_needed <= rows)
+            fits, room = self._room(incoming, t.num_keys)
             found = ["keys held", t.num_keys, "incoming up to", incoming]
-            room = ["index capacity", capacity, "load limit", limit, "rows", rows]
         elif kernel == "remove" and t.track_changes:
             incoming = tf.size(args[0], out_type=tf.int64)
             log = variable_length(t.removed)
@@ -78,19 +73,24 @@ class CapacityOps(ProbeOps):
 
     def room_for_load(self, count: tf.Tensor) -> tf.Operation:
         """An assertion that ``count`` more keys fit the index and the row store as they
-        are, without growing (:meth:`~._table_ops.TableOps.load_prepared`)."""
+        are, without growing (:meth:`~._table_ops.TableOps.load_prepared`): tombstones
+        counted, as ``reserve`` counts them."""
         t = self.t
-        limit = self._load_limit(variable_length(t.index))
-        rows_needed = t.next_row + tf.maximum(count - t.num_free, 0)
-        fits = tf.logical_and(
-            t.num_keys + t.num_deleted + count <= limit, rows_needed <= variable_length(t.values)
-        )
-        return tf.debugging.Assert(
-            fits,
-            [NO_ROOM, count, "keys; keys held", t.num_keys,
-             "load limit", limit, "rows needed", rows_needed],
-            summarize=1,
-        )  # fmt: skip
+        fits, room = self._room(count, t.num_keys + t.num_deleted)
+        found = ["keys; keys held", t.num_keys, "tombstones", t.num_deleted]
+        return tf.debugging.Assert(fits, [NO_ROOM, count, *found, *room], summarize=1)
+
+    def _room(self, incoming: tf.Tensor, held: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
+        """Whether ``incoming`` more keys fit the table as it is, its index holding
+        ``held`` entries (freed rows reused first), and the room that decides it, for
+        messages."""
+        t = self.t
+        capacity = variable_length(t.index)
+        limit = self._load_limit(capacity)
+        rows = variable_length(t.values)
+        rows_needed = t.next_row + tf.maximum(incoming - t.num_free, 0)
+        fits = tf.logical_and(held + incoming <= limit, rows_needed <= rows)
+        return fits, ["index capacity", capacity, "load limit", limit, "rows", rows]
 
     def _incoming(self, kernel: str, keys: tf.Tensor) -> tf.Tensor:
         """The keys ``kernel`` may add: those absent now (a repeated one counted each time
