@@ -12,8 +12,8 @@
   fails it is emptied again and its chain is read whole, with retries, like the others'.
 
 Meanwhile a helper thread grows the tables of every empty variable for its share of the
-rows (:func:`~de_store.saver.rows.grow_for_restore`). When the read fails, every variable
-loaded while it was read is emptied again: as it was.
+rows (:func:`~de_store.saver.restore_room.grow_for_restore`). When the read fails, every
+variable loaded while it was read is emptied again: as it was.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from de_store.checkpoint.topology import Topology
 from de_store.errors import CheckpointCorruptError
 from de_store.progress import Progress, progress_for
 from de_store.saver import device_load, device_restore
-from de_store.saver.rows import SavedVariable, ShardRows, grow_for_restore
+from de_store.saver.restore_room import grow_for_restore
+from de_store.saver.rows import SavedVariable, ShardRows
 from de_store.saver.streamed import load_while_reading
 
 if TYPE_CHECKING:

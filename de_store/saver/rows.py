@@ -13,7 +13,6 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -431,7 +430,7 @@ def shard_batches(
 ) -> Iterator[tuple[int, ShardRows]]:
     """``(shard, rows)``: the rows of ``batches`` for each table shard of ``variable``
     (partitioned by ``default_partition_fn``: a key's shard from its hash), regrouped
-    into the even batches of that shard's share (what ``grow_for_restore`` compiled).
+    into the even batches of that shard's share (what ``restore_room.grow_for_restore`` compiled).
 
     Each batch's rows are ordered by shard (a counting sort of their shards) and gathered
     straight into the load batch their shard is filling (:class:`LoadBatch`): every row
@@ -507,65 +506,6 @@ def load_rows(variable: SavedVariable) -> int:
     return max(1, min(LOAD_ROWS, LOAD_BYTES // row_bytes))
 
 
-def grow_for_restore(variable: SavedVariable, rows: int, shares: Sequence[int]) -> None:
-    """Make an empty variable ready for ``rows`` restored rows, of which table shard ``i``
-    receives ``shares[i]`` (see :func:`restore_shares`): grow its tables (its values and
-    the companions it has) and run their bulk load once on no rows (the first call of a
-    kernel in a process instantiates it), and have XLA compile, or load from its cache,
-    what loading batches of that size compiles.
-
-    A restore runs this in a helper thread while it reads the shards, so that loading
-    finds the room made (new memory is slow to touch) and the kernels ready; ``clear``
-    keeps the room of a table that holds nothing. A variable that holds keys is left as
-    it is: the restore empties it only after every shard was read (all or nothing).
-    """
-    if holds_keys(variable):
-        return
-    tables = [variable, *variable.companions().values()]
-    most = load_rows(variable)
-    if routes_by_hash(variable):  # the batches apply_rows loads into each shard
-        batch_rows = [even_sizes(max(share, 1), most)[0] for share in shares]
-    else:  # the batches apply_rows loads, split over the shards
-        batch_rows = [-(-even_sizes(rows, most)[0] // len(variable.shards))] * len(shares)
-
-    def prepare(shard: int) -> None:
-        for table in tables:
-            _prepare_shard(table, shard, shares[shard], batch_rows[shard])
-
-    # Each shard's device instantiates its own kernels (mostly outside the GIL): the
-    # shards are prepared side by side.
-    with ThreadPoolExecutor(len(shares), thread_name_prefix="de_store-grow") as pool:
-        for done in [pool.submit(prepare, shard) for shard in range(len(shares))]:
-            done.result()
-
-
-def _prepare_shard(table: SavedVariable, shard: int, share: int, batch_rows: int) -> None:
-    """Start compiling shard ``shard`` of ``table``'s load of ``batch_rows`` keys for the
-    room of ``share`` rows, then grow it for them, while a helper thread runs its bulk
-    load once on no rows (see :func:`grow_for_restore`).
-
-    That first call readies the load's kernel: read from the kernel cache or traced
-    (0.3 s of Python in a new container), then instantiated on the device (0.1 s). It
-    needs the growth done only to run, after both, so the two overlap.
-    """
-    # The shard's core directly: the variable's methods take its lock, which would
-    # prepare the shards one after the other.
-    core = table.shards[shard]
-    with ThreadPoolExecutor(1, thread_name_prefix="de_store-load-kernel") as helper:
-        ready = helper.submit(_load_nothing, table, shard)
-        if hasattr(core, "compile_load"):  # at the capacity the growth makes, from now on
-            with tf.device(table.devices[shard]):
-                core.compile_load(batch_rows, room_for=share)
-        _reserve_shard(table, shard, share)
-        ready.result()
-
-
-def _load_nothing(table: SavedVariable, shard: int) -> None:
-    with tf.device(table.devices[shard]):
-        keys = tf.zeros([0], table.key_dtype)
-        table.shards[shard].load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype))
-
-
 def restore_shares(variable: SavedVariable, parts: Iterable[tuple[int, int, int]]) -> list[int]:
     """Rows each table shard of ``variable`` receives from the shard parts a restore
     reads, given as ``(num_buckets, bucket, rows)``.
@@ -597,10 +537,10 @@ def reserve_shards(variable: SavedVariable, rows: int | Sequence[int]) -> None:
     bulk load's time)."""
     shares = even_shares(len(variable.shards), rows) if isinstance(rows, int) else rows
     for index, share in enumerate(shares):
-        _reserve_shard(variable, index, share)
+        reserve_shard(variable, index, share)
 
 
-def _reserve_shard(variable: SavedVariable, index: int, share: int) -> None:
+def reserve_shard(variable: SavedVariable, index: int, share: int) -> None:
     """Grow table shard ``index`` once for ``share`` rows, where its core can."""
     core = variable.shards[index]
     if hasattr(core, "reserve"):

@@ -53,7 +53,7 @@ def load_while_reading(
 ) -> bool:
     """Load the ``rows`` rows of ``entry`` (shard files under ``folder``) into the empty
     ``variable`` while they are read; ``ready()`` returns once its tables were grown
-    (``rows.grow_for_restore``), the reading starts before.
+    (``restore_room.grow_for_restore``), the reading starts before.
 
     Returns False, the variable emptied again, when anything failed (the error is not
     raised: the caller reads the link the other way, which retries or reports it).
