@@ -76,15 +76,20 @@ def prepare(function: Any, index: tf.Variable, *args: tf.Tensor) -> None:
 def prepare_at(function: Any, index: tf.Variable, capacity: int, *args: tf.Tensor) -> None:
     """:func:`prepare` for ``index`` once it holds ``capacity`` slots (a restore, before
     it grows the index: the compile and the growth overlap)."""
-    shape = (capacity, *(int(x) for x in index.shape[1:]))
-    signature = (function, index.device, shape, tuple(tuple(a.shape.as_list()) for a in args))
+    signature = _signature(function, index, args, capacity)
     if signature not in _compiled:
         _start(signature, function, index.device, index.dtype, args)
 
 
-def _signature(function: Any, index: tf.Variable, args: tuple[Any, ...]) -> Hashable:
-    # The variable's static shape leaves its length open: ask the variable.
-    shape = tuple(int(x) for x in tf.raw_ops.VariableShape(input=index.handle, out_type=tf.int64))
+def _signature(
+    function: Any, index: tf.Variable, args: tuple[Any, ...], capacity: int | None = None
+) -> Hashable:
+    """What a compile is known by: the function, the index's device and shape (its length
+    ``capacity`` when given, else asked of the variable, whose static shape leaves it
+    open) and the arguments' shapes."""
+    if capacity is None:
+        capacity = int(tf.raw_ops.VariableShape(input=index.handle, out_type=tf.int64).numpy()[0])
+    shape = (capacity, *(int(x) for x in index.shape[1:]))
     return (function, index.device, shape, tuple(tuple(a.shape.as_list()) for a in args))
 
 
