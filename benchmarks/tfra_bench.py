@@ -11,7 +11,8 @@ the page cache was dropped:
 * ``{side}_save_s``: ``Checkpoint.write``;
 * ``{side}_restore_s``: ``Checkpoint.read`` into a new variable; ``{side}_restored_keys``
   and ``{side}_verified`` (the first 1000 rows of every batch read back exactly);
-* ``{side}_import_s``: importing the library and TensorFlow, timed apart;
+* ``{side}_import_s``: importing the library and TensorFlow, timed apart (de_store's
+  modules are imported on first use: the phase asks for the ones it uses here);
 * ``de_store_memory_floor_s``: in de_store's restore process, after the restore,
   ``tf.fill`` allocating and first touching as many bytes as the restored table holds:
   with ``raw_read_s``, the floor this machine sets a fresh-process restore.
@@ -81,6 +82,8 @@ def import_side(side: str) -> tuple[Any, Any, Any]:
 
     import de_store
 
+    # de_store imports its modules when first asked for them; TFRA's import loads all.
+    de_store.get_variable, de_store.FileSystemSaver  # noqa: B018
     return tf, de_store, de_store.HashTableCreator
 
 

@@ -74,7 +74,10 @@ def test_a_later_process_runs_the_cached_kernels_with_the_same_results(tmp_path,
     cache = tmp_path / "cache"
     first, first_log = _run(tmp_path, str(cache), fixed_shapes)
     written = _kernel_lines(first_log, "traced and written")
-    assert {"insert", "lookup", "remove", "accum_insert", "export_all"} <= set(written)
+    assert {"insert", "lookup", "remove", "accum_insert"} <= set(written)
+    # A save's bulk step runs op by op, traced only once its calls took TRACE_AFTER_S;
+    # a fixed-shape table's kernels are always traced.
+    assert ("export_all" in written) == fixed_shapes
     entries = sorted(p.name for p in (cache / "kernels").iterdir())
     assert len(entries) == len(written)
 

@@ -158,3 +158,62 @@ def test_threads_run_bulk_calls_on_other_devices_at_once(monkeypatch):
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+class _Clock:
+    """A ``time`` stand-in whose every op-by-op call takes ``step`` seconds."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step, self.started = 0.0, step, False
+
+    def perf_counter(self) -> float:
+        if self.started:
+            self.now += self.step
+        self.started = not self.started
+        return self.now
+
+
+def test_a_kernel_is_traced_behind_its_bulk_calls_once_they_took_trace_after_s(monkeypatch):
+    """Bulk calls of a kernel not traced run op by op; its trace starts in the background
+    only once those calls took ``TRACE_AFTER_S`` in all (a few bulk calls are faster
+    without it), and once only."""
+    table = HashTable(tf.int64, tf.float32, 6, name="traced_later")
+    kernels = table._kernels
+    kernels._op_by_op_s.clear()
+    traced: list[str] = []
+    monkeypatch.setattr(_kernels.Kernels, "_cached", lambda self, name: False)
+    monkeypatch.setattr(_kernels.Kernels, "_trace_behind", lambda self, name: traced.append(name))
+    monkeypatch.setattr(_kernels, "time", _Clock(0.4 * _kernels.TRACE_AFTER_S))
+    rng = np.random.default_rng(6)
+    seen = []
+    for _ in range(4):
+        keys = rng.integers(0, 10**9, BULK)
+        table.insert(tf.constant(keys), tf.zeros([BULK, 6]))
+        seen.append(list(traced))
+    assert seen == [[], [], ["insert"], ["insert", "insert"]]  # asked again: one trace
+    assert kernels._op_by_op_s["insert"] == pytest.approx(1.6 * _kernels.TRACE_AFTER_S)
+
+
+def test_a_traced_insert_runs_op_by_op_until_its_race_is_compiled(monkeypatch):
+    """A bulk insert whose kernel is traced still runs op by op while this process has not
+    compiled the race of the table's capacity (the traced kernel would wait for it), and
+    traced once it has."""
+    table = HashTable(tf.int64, tf.float32, 6, name="until_compiled")
+    rng = np.random.default_rng(8)
+    table.insert(tf.constant(rng.integers(0, 10**9, 10)), tf.zeros([10, 6]))  # traced
+    table.reserve(4 * BULK)  # no growth below
+    calls: list[str] = []
+    run = _kernels.Kernels._op_by_op
+    monkeypatch.setattr(
+        _kernels.Kernels,
+        "_op_by_op",
+        lambda self, name, *a: calls.append(name) or run(self, name, *a),
+    )
+    for compiled in ("_compiled", "_races"):  # as in a process that compiled no race
+        monkeypatch.setattr(_xla, compiled, set())
+    table.insert(tf.constant(rng.integers(0, 10**9, BULK)), tf.zeros([BULK, 6]))
+    assert calls == ["insert"]
+    _xla.wait_for_compiles()
+    assert _xla.compiled_race(table.index)
+    table.insert(tf.constant(rng.integers(0, 10**9, BULK)), tf.zeros([BULK, 6]))
+    assert calls == ["insert"]

@@ -189,7 +189,15 @@ class CapacityOps(ProbeOps):
             base = tf.cast(tf.maximum(needed, have) if headroom else have, tf.float64)
             bigger = tf.cast(tf.math.ceil(base * t.row_growth), tf.int64)
             length = tf.maximum(needed, bigger)
-            tf.cond(t.next_row > 0, lambda: _copy_rows(length), lambda: _new_rows(length))
+            # A new store (nothing to copy) is left unwritten: rows for every key the
+            # index holds before it grows (its growth left room for the batches that may
+            # follow, ``reserve``) cost no memory until written, and spare their copies.
+            if headroom:
+                held = self._load_limit(variable_length(t.index))
+                first = tf.maximum(length, tf.minimum(held, needed + AHEAD_MAX_KEYS))
+            else:
+                first = length
+            tf.cond(t.next_row > 0, lambda: _copy_rows(length), lambda: _new_rows(first))
             return tf.constant(True)
 
         def _copy_rows(length: tf.Tensor) -> tf.Tensor:

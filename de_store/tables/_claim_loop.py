@@ -10,7 +10,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables import _xla
-from de_store.tables._index import CHUNK, race_from
+from de_store.tables._index import CHUNK, plain, race_from
 from de_store.tables._types import View
 from de_store.tables._variables import count as _count
 
@@ -54,6 +54,8 @@ def race_chunks(
     :data:`~._index.CHUNK` keys (the last one padded): ``(rows, slots, start,
     counts)`` as :func:`~._index._race_from` gives them, for keys probing from
     ``start``."""
+    if tf.executing_eagerly():
+        return _race_chunks_eagerly(t, keys, tokens, start)
     n = _count(keys)
     chunks = tf.cast((n + CHUNK - 1) // CHUNK, tf.int32)
     pad = tf.zeros(tf.reshape(tf.cast(chunks, tf.int64) * CHUNK - n, [1]), tf.int64)
@@ -82,6 +84,37 @@ def race_chunks(
         parallel_iterations=1,
     )
     return (*(out.concat()[:n] for out in loop[2:]), loop[1])
+
+
+def _race_chunks_eagerly(
+    t: View, keys: tf.Tensor, tokens: tf.Tensor, start: tf.Tensor
+) -> tuple[tf.Tensor, ...]:
+    """:func:`race_chunks` run eagerly (an op-by-op bulk call). Compiled, the chunks are
+    cut from the padded columns by one op each, so that a chunk costs one call where the
+    graph's loop body is a few dozen Python-dispatched ops. While this process has not
+    compiled the shape, the plain race runs once over the whole batch: chunk by chunk,
+    its ops would each handle few keys (a 1M-key batch took 0.84 s in chunks)."""
+    n = int(keys.shape[0])
+    race = race_from[t.serial_scatter]
+    shapes = [tf.zeros([CHUNK], tf.int64)] * 2
+    compiled = _xla.runner(race, t.index, *shapes, tf.constant(0, tf.int64), shapes[0])
+    if compiled is None:
+        return plain[race](t.index.handle, keys, tokens, tf.constant(n, tf.int64), start)
+    chunks = -(-n // CHUNK)
+    pad = tf.zeros([chunks * CHUNK - n], tf.int64)
+    columns = [
+        tf.unstack(tf.reshape(tf.concat([x, pad], 0), [chunks, CHUNK]))
+        for x in (keys, tokens, start)
+    ]
+    outs: list[list[tf.Tensor]] = [[], [], []]
+    counts = []
+    for j in range(chunks):
+        count = tf.constant(min(CHUNK, n - j * CHUNK), tf.int64)
+        *got, more = compiled(t.index.handle, columns[0][j], columns[1][j], count, columns[2][j])
+        for out, x in zip(outs, got, strict=True):
+            out.append(x)
+        counts.append(more)
+    return (*(tf.concat(out, 0)[:n] for out in outs), tf.add_n(counts))
 
 
 def claim_loop(

@@ -200,6 +200,7 @@ def _race_from(
     *,
     serial: bool,
     compiled: bool = True,
+    rounds: int = 0,
 ) -> tuple[tf.Tensor, ...]:
     """:data:`CHUNK_ROUNDS` probe rounds from ``start`` (from the home slot where it is
     negative), then one race of the first ``count`` keys that stopped at an empty slot for
@@ -215,10 +216,11 @@ def _race_from(
     (one writer after another, as on a CPU), the winners write their entries once more:
     a parallel scatter may mix the columns of two writers. Not ``compiled`` (the same
     rounds as TensorFlow ops, :data:`plain`), only the writers' entries are scattered:
-    TensorFlow's scatter refuses an index out of bounds.
+    TensorFlow's scatter refuses an index out of bounds. ``rounds``: the probe rounds
+    before the race, :data:`CHUNK_ROUNDS` unless given.
     """
     index = handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
-    rows, stop, pos = _probe_rounds(index, keys, start, CHUNK_ROUNDS)
+    rows, stop, pos = _probe_rounds(index, keys, start, rounds or CHUNK_ROUNDS)
     capacity = variable_length(index)
     real = tf.range(tf.size(keys, out_type=tf.int64)) < count
     claim = tf.logical_and(real, tf.logical_and(stop >= 0, rows < 0))
@@ -282,11 +284,13 @@ def load_race_args() -> tuple[tf.Tensor, ...]:
 
 
 #: The Python functions of the compiled rounds, run as TensorFlow ops: what an eager bulk
-#: call runs while XLA compiles its shape (:mod:`._xla`).
+#: call runs while XLA compiles its shape (:mod:`._xla`). The plain race probes one round
+#: before it races: each round is a pass of its own over every key of the batch, most of
+#: which stop at the first slot they probe (the keys left go on in the claim loop).
 plain = {
     first_probes: first_probes.python_function,
     **{
-        race[serial]: functools.partial(_race_from, serial=serial, compiled=False)
+        race[serial]: functools.partial(_race_from, serial=serial, compiled=False, rounds=1)
         for race in (race_from,)
         for serial in (True, False)
     },

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import tensorflow as tf
 
-from de_store.tables import _kernel_cache
+from de_store.tables import _kernel_cache, _xla
 from de_store.tables._change_tracking import STAMP_DTYPE
 from de_store.tables._index import handle_variable
 from de_store.tables._locking import critical_section, unoptimized_calls, with_graph_op
@@ -41,6 +42,13 @@ OP_BY_OP_KEYED = frozenset(
 #: Kernels whose eager calls run op by op until the traced kernel is ready: the bulk
 #: steps of a save.
 OP_BY_OP_BULK = frozenset(["snapshot", "export_all", "export_changes"])
+#: Keyed kernels whose bulk calls also run op by op while this process has not compiled
+#: the race of the table's index capacity (:data:`~._index.race_from`): the traced kernel
+#: would wait for that compile (about 0.3 s), the ops run the race plain meanwhile.
+OP_BY_OP_UNTIL_COMPILED = frozenset(["insert", "accum_insert"])
+#: Seconds of op-by-op calls of a kernel in a process after which its trace starts in the
+#: background (:meth:`Kernels._trace_behind`).
+TRACE_AFTER_S = 2.0
 #: Kernels whose eager calls always run op by op, never traced: a restore's sizing, and its
 #: start of the load's XLA compile, which must not wait for it (:mod:`._xla`).
 OP_BY_OP_ALWAYS = frozenset(["prepare", "compile_load"])
@@ -69,6 +77,7 @@ class Kernels:
         self._made = threading.Lock()  # one thread loads or traces a kernel at a time
         self._tracing = threading.Lock()
         self._traces: dict[str, Future[Any]] = {}
+        self._op_by_op_s: dict[str, float] = {}  # time spent in op-by-op calls, by kernel
         self._missed: set[str] = set()  # not in the kernel cache when first asked
         names = ["lookup", "insert", "load_distinct", "load_prepared", "accum_insert"]
         names += ["accum_existing", "remove"]
@@ -92,24 +101,30 @@ class Kernels:
         ``tf.compat.v1`` graph, a kernel without outputs returns the operations its call
         added, grouped: what ``Session.run`` fetches to run it.
         """
-        if tf.executing_eagerly() and self._runs_op_by_op(name, args):
-            if name not in OP_BY_OP_ALWAYS:
-                self._trace_behind(name)
-            return self._op_by_op(name, mutex, state, args)
+        if tf.executing_eagerly() and self._runs_op_by_op(name, state, args):
+            if name in OP_BY_OP_ALWAYS:
+                return self._op_by_op(name, mutex, state, args)
+            began = time.perf_counter()
+            try:
+                return self._op_by_op(name, mutex, state, args)
+            finally:
+                self._ran_op_by_op(name, time.perf_counter() - began)
         handles = tuple(v.handle for v in state)
         if tf.executing_eagerly():
             with unoptimized_calls():
                 return self._eager(name)(mutex, *handles, *args)
         return with_graph_op(lambda: getattr(self, name)(mutex, handles, *args))
 
-    def _runs_op_by_op(self, name: str, args: tuple[Any, ...]) -> bool:
+    def _runs_op_by_op(self, name: str, state: State, args: tuple[Any, ...]) -> bool:
         """Whether an eager call runs its ops one by one: a bulk call (see
         :data:`OP_BY_OP_KEYED`, :data:`OP_BY_OP_BULK`) while the traced kernel is not
-        ready (neither made in this process nor held by the kernel cache). Its ops each
-        take long enough that running them from Python costs little (the traced kernel
-        is faster still, its ops run side by side), and the first such call of a new
-        process would otherwise wait for the trace (an insert: about 0.5 s), which runs
-        in the background instead (:meth:`_trace_behind`). A fixed-shape table's kernels
+        ready (neither made in this process nor held by the kernel cache), or while the
+        race it would wait for is not compiled (:data:`OP_BY_OP_UNTIL_COMPILED`). Its ops
+        each take long enough that running them from Python costs little (the traced
+        kernel is faster still, its ops run side by side), and the first such call of a
+        new process would otherwise wait for the trace (an insert: about 0.5 s), which
+        starts in the background once this process has spent :data:`TRACE_AFTER_S` in the
+        kernel's op-by-op calls (:meth:`_ran_op_by_op`). A fixed-shape table's kernels
         check room first: always traced."""
         if self.config.fixed_shapes:
             return False
@@ -123,7 +138,25 @@ class Kernels:
         length = keys.shape[0] if hasattr(keys, "shape") and keys.shape.rank else None
         if length is None or length < OP_BY_OP_MIN_KEYS:
             return False
-        return not self._cached(name)
+        if not self._cached(name):
+            return True
+        return name in OP_BY_OP_UNTIL_COMPILED and not _xla.compiled_race(state.index)
+
+    def _ran_op_by_op(self, name: str, seconds: float) -> None:
+        """Count ``seconds`` of an op-by-op call of kernel ``name``; past
+        :data:`TRACE_AFTER_S` in all, trace it in the background (:meth:`_trace_behind`).
+
+        A trace costs its process about 0.5 s of Python (an insert's), most of it holding
+        the interpreter lock that the eager calls need between their ops, and the traced
+        kernel saves a part of each call's time (a 1M-key insert into a table of 5M:
+        0.08 s traced, 0.12 s op by op). A process that makes a few bulk calls (a table
+        filled in a handful of batches, then saved) is faster without it, one that goes
+        on calling gets it after a while: the time spent waiting stays within a small
+        multiple of the trace's."""
+        with self._tracing:
+            spent = self._op_by_op_s[name] = self._op_by_op_s.get(name, 0.0) + seconds
+        if spent >= TRACE_AFTER_S and name not in self._eager_calls:
+            self._trace_behind(name)
 
     def _op_by_op(self, name: str, mutex: tf.Tensor, state: State, args: tuple[Any, ...]) -> Any:
         """Kernel ``name``'s ops run eagerly over the table's variables, holding the lock

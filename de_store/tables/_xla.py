@@ -36,12 +36,12 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables import _kernel_cache
-from de_store.tables._index import plain
+from de_store.tables._index import plain, race_from
 from de_store.tables._locking import unoptimized_calls
 
 log = logging.getLogger("de_store")
 
-__all__ = ["call", "prepare", "prepare_at", "wait_for_compiles"]
+__all__ = ["call", "compiled_race", "prepare", "prepare_at", "runner", "wait_for_compiles"]
 
 _lock = threading.Lock()
 #: Shapes compiled in this process, and those being compiled.
@@ -49,6 +49,8 @@ _compiled: set[Hashable] = set()
 _pending: dict[Hashable, concurrent.futures.Future[None]] = {}
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _callables: dict[Hashable, Any] = {}
+#: ``(device, capacity)`` of the races compiled (:func:`compiled_race`).
+_races: set[tuple[str, int]] = set()
 
 
 def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
@@ -63,6 +65,32 @@ def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
             return _as_cached(function)(index.handle, *args)
     _start(signature, function, index.device, index.dtype, args)
     return plain[function](index.handle, *args)
+
+
+def runner(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
+    """The compiled ``function`` for ``index`` and arguments shaped as ``args``, taking
+    ``(index.handle, *args)``, when this process has compiled that shape; else ``None``,
+    the compile started. For a caller that calls it many times eagerly on one shape (an
+    eager race, chunk after chunk), which runs its own plain rounds otherwise."""
+    signature = _signature(function, index, args)
+    if signature in _compiled:
+        compiled = _as_cached(function)
+
+        def run(*inputs: tf.Tensor) -> Any:
+            with unoptimized_calls():
+                return compiled(*inputs)
+
+        return run
+    _start(signature, function, index.device, index.dtype, args)
+    return None
+
+
+def compiled_race(index: tf.Variable) -> bool:
+    """Whether this process has compiled the race of big inserts and loads
+    (:data:`~._index.race_from`, either kind) for ``index`` as it is now."""
+    capacity = int(tf.raw_ops.VariableShape(input=index.handle, out_type=tf.int64).numpy()[0])
+    with _lock:
+        return (index.device, capacity) in _races
 
 
 def prepare(function: Any, index: tf.Variable, *args: tf.Tensor) -> None:
@@ -122,6 +150,8 @@ def _finish(signature: Hashable, future: concurrent.futures.Future[None]) -> Non
         del _pending[signature]
         if future.exception() is None:
             _compiled.add(signature)
+            if signature[0] in race_from.values():  # type: ignore[index]
+                _races.add((signature[1], signature[2][0]))  # type: ignore[index]
         else:  # the shape runs as TensorFlow ops; the error is the compiler's, not the table's
             log.debug("XLA compile of %s failed: %s", signature, future.exception())
 
