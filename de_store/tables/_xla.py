@@ -8,7 +8,8 @@ process meets one or two capacities, and would pay their compiles before its fir
 are in.
 
 An eager bulk call (a big insert, lookup or a restore's load, run op by op by
-:class:`~._kernels.Kernels`) asks :func:`call` instead of calling the compiled function:
+:class:`~._kernels.Kernels`) asks :func:`call` (or, for a race run chunk after chunk,
+:func:`runner` once) instead of calling the compiled function:
 when this process has compiled the shape, the compiled function runs; otherwise the same
 rounds run as TensorFlow ops (:data:`~._index.plain`: the same results, a few times
 slower a key), and one background thread compiles the shape by calling the compiled
