@@ -24,6 +24,13 @@ def _every_bulk_call_op_by_op(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_kernels.Kernels, "_trace_behind", lambda self, name: None)
 
 
+def _nothing_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a process that has compiled no shape yet (other tests of this one may have):
+    the first bulk calls run their compiled rounds as TensorFlow ops."""
+    for compiled in ("_compiled", "_races"):
+        monkeypatch.setattr(_xla, compiled, set())
+
+
 def _model_insert(model: dict, keys: np.ndarray, values: np.ndarray) -> None:
     for key, row in zip(keys.tolist(), values, strict=True):
         model[key] = row  # the last of repeated keys wins
@@ -45,6 +52,7 @@ def test_bulk_calls_give_the_table_small_calls_give(monkeypatch):
     calls = []
     run = _kernels.Kernels._op_by_op
     _every_bulk_call_op_by_op(monkeypatch)
+    _nothing_compiled(monkeypatch)
     monkeypatch.setattr(
         _kernels.Kernels,
         "_op_by_op",
@@ -209,8 +217,7 @@ def test_a_traced_insert_runs_op_by_op_until_its_race_is_compiled(monkeypatch):
         "_op_by_op",
         lambda self, name, *a: calls.append(name) or run(self, name, *a),
     )
-    for compiled in ("_compiled", "_races"):  # as in a process that compiled no race
-        monkeypatch.setattr(_xla, compiled, set())
+    _nothing_compiled(monkeypatch)
     table.insert(tf.constant(rng.integers(0, 10**9, BULK)), tf.zeros([BULK, 6]))
     assert calls == ["insert"]
     _xla.wait_for_compiles()

@@ -78,6 +78,10 @@ def _prepare_shard(table: SavedVariable, shard: int, share: int, batch_rows: int
 
 
 def _load_nothing(table: SavedVariable, shard: int) -> None:
+    # No rows, made on the default device: TensorFlow 2.21's eager ops with a shape input
+    # on a table's device, run by two threads at once (this one and the growth beside
+    # it), may swap their inputs (see de_store.tables._locking.EAGER_ON_DEVICE).
+    keys = tf.zeros([0], table.key_dtype)
+    values = tf.zeros([0, table.dim], table.value_dtype)
     with tf.device(table.devices[shard]):
-        keys = tf.zeros([0], table.key_dtype)
-        table.shards[shard].load_distinct(keys, tf.zeros([0, table.dim], table.value_dtype))
+        table.shards[shard].load_distinct(keys, values)

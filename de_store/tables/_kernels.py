@@ -18,7 +18,12 @@ import tensorflow as tf
 from de_store.tables import _kernel_cache, _xla
 from de_store.tables._change_tracking import STAMP_DTYPE
 from de_store.tables._index import handle_variable
-from de_store.tables._locking import critical_section, unoptimized_calls, with_graph_op
+from de_store.tables._locking import (
+    EAGER_ON_DEVICE,
+    critical_section,
+    unoptimized_calls,
+    with_graph_op,
+)
 from de_store.tables._table_ops import TableOps
 from de_store.tables._types import Config, State, View
 
@@ -53,11 +58,6 @@ TRACE_AFTER_S = 2.0
 #: start of the load's XLA compile, which must not wait for it (:mod:`._xla`).
 OP_BY_OP_ALWAYS = frozenset(["prepare", "compile_load"])
 
-#: Held by every op-by-op call, so that no two threads run one at once: TensorFlow 2.21's
-#: eager strided slices on a device other than the default one, run by two threads at
-#: once, may each be given the other's bounds (an ``InvalidArgumentError``), and the
-#: tables of a variable sharded over devices run there. Traced kernels need no such lock.
-_OP_BY_OP = threading.Lock()
 #: The thread that traces kernels behind op-by-op calls (:meth:`Kernels._trace_behind`).
 _tracer: ThreadPoolExecutor | None = None
 
@@ -164,7 +164,7 @@ class Kernels:
         (:mod:`._xla`)."""
         specs = tf.nest.flatten(getattr(self, name).input_signature)[1 + len(State._fields) :]
         args = tuple(tf.convert_to_tensor(x, s.dtype) for x, s in zip(args, specs, strict=True))
-        with _OP_BY_OP:
+        with EAGER_ON_DEVICE:  # no two threads run one at once
             lock = tf.raw_ops.MutexLock(mutex=mutex) if self.config.locked else None
             try:
                 return getattr(TableOps(View(self.config, state)), name)(*args)

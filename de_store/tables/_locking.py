@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -36,6 +37,27 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 T = TypeVar("T")
+
+#: Held while de_store runs eager ops on a table's device outside a traced kernel whose
+#: inputs may include a shape or bounds (``Fill``, ``Empty``, strided slices): an op-by-op
+#: call, from its first op to its last; off the host's first CPU (:func:`eager_on_device`),
+#: the stand-in of a background XLA compile and a save's reads of a snapshot.
+#: TensorFlow 2.21 gives such an op, run eagerly on a device other than the host's first
+#: CPU by two threads at once, the other thread's inputs at times (a ``tf.zeros([0])`` came
+#: out with the 32,768 rows another thread asked for; a strided slice, its bounds), and
+#: the tables of a variable sharded over devices run there. Function calls (the traced
+#: kernels) are not affected; code that only needs a tensor of a given shape makes it on
+#: the default device instead.
+EAGER_ON_DEVICE = threading.Lock()
+
+
+def eager_on_device(device: str) -> contextlib.AbstractContextManager[Any]:
+    """:data:`EAGER_ON_DEVICE` for eager ops on ``device``, unless it is the host's first
+    CPU, where the inputs of two threads' ops stay their own."""
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.device_type in (None, "CPU") and spec.device_index in (None, 0):
+        return contextlib.nullcontext()
+    return EAGER_ON_DEVICE
 
 
 class TableMutex(tf.saved_model.experimental.TrackableResource):

@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from de_store.tables import _kernel_cache
 from de_store.tables._index import plain, race_from
-from de_store.tables._locking import unoptimized_calls
+from de_store.tables._locking import eager_on_device, unoptimized_calls
 
 log = logging.getLogger("de_store")
 
@@ -162,13 +162,14 @@ def _compile(
 ) -> None:
     """Call ``function`` on a stand-in index of ``shape`` with zero keys taking part (the
     last-but-start argument ``count`` is 0; padding keys 0), so XLA compiles the shape."""
+    args = [_zeros(spec) for spec in specs]  # on the default device: see EAGER_ON_DEVICE
     with tf.device(device):
-        # Made inside the initializer, the memory is the variable's own, never copied.
-        stand_in = tf.Variable(
-            lambda: tf.raw_ops.Empty(shape=shape.as_list(), dtype=dtype, init=False),
-            trainable=False,
-        )
-        args = [_zeros(spec) for spec in specs]
+        with eager_on_device(device):
+            # Made inside the initializer, the memory is the variable's own, never copied.
+            stand_in = tf.Variable(
+                lambda: tf.raw_ops.Empty(shape=shape.as_list(), dtype=dtype, init=False),
+                trainable=False,
+            )
         with unoptimized_calls():
             _as_cached(function)(stand_in.handle, *args)
         del stand_in

@@ -348,8 +348,9 @@ class HashTable(TableCore):
             wanted = int(self.num_keys.read_value()) + room_for
             capacity = max(now, _index.capacity_for(wanted, self.max_load_factor))
             race = _index.race_from[self._kernels.config.serial_scatter]
-            with tf.device(self._device):
-                _xla.prepare_at(race, self.index, capacity, *_index.load_race_args())
+            # The arguments give the compile their shapes only: made on the default device
+            # (see _locking.EAGER_ON_DEVICE), the compile runs on the table's.
+            _xla.prepare_at(race, self.index, capacity, *_index.load_race_args())
             return
         self._run("compile_load", tf.constant(count, tf.int64))
 
@@ -392,13 +393,15 @@ class HashTable(TableCore):
             keys = keys[rows] if freed else keys[:held]
             return keys.astype(self.key_dtype.as_numpy_dtype, copy=False), rows, np.asarray(values)
 
+        # Read in a save's background thread, on the table's device, beside the training
+        # thread's op-by-op calls there: see _locking.EAGER_ON_DEVICE.
         def read() -> tuple[tf.Tensor, tf.Tensor]:
             keys, rows, store = read_rows()
-            with tf.device(self._device):
+            with tf.device(self._device), _locking.eager_on_device(self._device):
                 return keys, self._exported_values(tf.gather(store, rows))
 
         def lookup(keys: tf.Tensor) -> tf.Tensor:
-            with tf.device(self._device):
+            with tf.device(self._device), _locking.eager_on_device(self._device):
                 rows = _index.find_in(index, self._keys(keys))
                 found = tf.gather(values, tf.maximum(rows, 0))
                 found = tf.where((rows >= 0)[:, None], found, tf.zeros_like(found))
