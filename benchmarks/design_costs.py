@@ -18,8 +18,10 @@ Usage::
   and by ``np.mod``; the stable order of N bucket ids below 720 and below 5040 by Arrow's
   ``array_sort_indices`` (a counting sort up to 4096 values, comparisons above) and by
   numpy's radix sort of them as uint16 (``buckets.stable_order``).
-- ``first_insert``: a fresh process creates a ``HashTable`` and inserts one batch of 2**20
-  keys (or N, if fewer), with de_store's cache directory (a new temporary folder) empty,
+- ``first_insert``: a fresh process creates a ``HashTable`` and inserts one batch of
+  ``STEP_BATCH`` keys (a training step's: below ``_kernels.OP_BY_OP_MIN_KEYS``, such a call
+  always runs the traced insert kernel, which a bulk call of a new process does not wait
+  for), with de_store's cache directory (a new temporary folder) empty,
   then warm (kernels and XLA compiles kept by the first process), then warm with Grappler
   left on for the kernels' eager calls (``de_store.tables._locking.unoptimized_calls`` not
   used; after one such process, whose XLA compiles are kept too). The reference is the
@@ -58,6 +60,8 @@ import pyarrow.parquet as pq
 from _harness import FILL_BATCH, emit, rows, run_phase, timed
 
 PACKAGES = ("de_store", "tensorflow", "pyarrow", "fsspec", "numpy")
+#: Keys of the first insert: a training step's batch, which runs the traced kernel.
+STEP_BATCH = 4096
 #: The insert phase's processes in one cache folder, in turn: their extra options and the
 #: name of their figures (none: a process run to fill the cache for the next one).
 RUNS = (
@@ -260,7 +264,7 @@ def main() -> None:
         return
     keys, dim, repeat = args.keys, args.dim, args.repeat
     parts: dict[str, Callable[[], dict[str, Any]]] = {
-        "first_insert": lambda: first_insert(dim, min(keys, FILL_BATCH), repeat),
+        "first_insert": lambda: first_insert(dim, min(keys, STEP_BATCH), repeat),
         "parquet": lambda: parquet_writers(keys, dim, repeat),
         "gather_rows": lambda: gather_rows(keys, dim, repeat),
         "bucket_order": lambda: bucket_order(keys, repeat),
