@@ -32,10 +32,11 @@ the first; ``import tensorflow`` timed apart), each verified (the first 1000 row
 batch read back exactly), and as many raw cold reads of the same bytes beside them
 (``raw_read_s``, the fastest; ``numpy.fromfile``).
 
-Every process finds the kernels and XLA executables that a warm-up (a fill, save and
-restore of ``--warmup-keys`` keys at each dim of the run, not reported) left in a cache
-directory the run starts empty, as every process after the first on a machine does;
-compiles for the table capacities only larger tables reach are paid inside the point.
+Every process finds the kernels that a warm-up (a fill, save and restore of
+``--warmup-keys`` keys at each dim of the run, not reported) left in a cache directory the
+run starts empty, as every process after the first on a machine does: the warm-up traces
+every kernel it runs (``_kernels.TRACE_AFTER_S`` set to 0 there, as if it had run its bulk
+calls longer). XLA compiles are paid inside every point.
 
 Memory state: ``memory_floor_s`` is, in each point's first restore process, ``tf.fill``
 allocating and first touching as many bytes as the restored table holds
@@ -138,6 +139,10 @@ def current_rss() -> int:
 def phase_fill_save(args: argparse.Namespace) -> None:
     os.makedirs(args.work, exist_ok=True)
     tf, de_store, import_s = import_tf()
+    if args.warmup:  # traces every kernel it runs, as a process that ran longer would
+        from de_store.tables import _kernels
+
+        _kernels.TRACE_AFTER_S = 0.0
     out: dict[str, Any] = {"import_s": import_s, "rss_after_import_bytes": current_rss()}
     variable = make_variable(tf, de_store, args.dim)
     out.update(fill(tf, variable, args))
@@ -159,6 +164,9 @@ def phase_fill_save(args: argparse.Namespace) -> None:
     out["async_total_s"] = time.perf_counter() - start
     shutil.rmtree(os.path.dirname(async_prefix))
     harness.raw_write(os.path.join(args.work, "raw"), args.keys, args.dim)  # for raw reads
+    for table in variable.all_tables() if args.warmup else []:  # their traces written
+        for trace in list(table._kernels._traces.values()):
+            trace.result()
     harness.emit(out)
 
 
@@ -234,13 +242,15 @@ def run(args: argparse.Namespace, phase: str, keys: int, dim: int, *extra: str) 
     return harness.run_phase(__file__, phase, options, env=cache)
 
 
-def measure_point(args: argparse.Namespace, keys: int, dim: int, count: int) -> dict:
+def measure_point(
+    args: argparse.Namespace, keys: int, dim: int, count: int, warmup: bool = False
+) -> dict:
     """One point: fill and save in one process, then ``count`` restores and as many raw
     reads, each in its own process; the point's files are removed afterwards."""
     args.work = os.path.join(args.run_dir, f"{label(keys)}-{dim}")
     try:
         point: dict[str, Any] = {"keys": keys, "dim": dim}
-        point.update(run(args, "fill_save", keys, dim))
+        point.update(run(args, "fill_save", keys, dim, *(["--warmup"] if warmup else [])))
         restores, reads = [], []
         for i in range(count):
             point["cold_reads"] = harness.cold_read_setup(os.path.join(args.work, "sync"))
@@ -421,6 +431,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dim", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--first", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -434,7 +445,7 @@ def main() -> None:
     args.run_dir = tempfile.mkdtemp(prefix="de_store_scale_curve_", dir=args.dir)
     try:
         for dim in sorted({dim for _, dim in points}):  # fills the run's kernel cache
-            measure_point(args, args.warmup_keys, dim, count=1)
+            measure_point(args, args.warmup_keys, dim, count=1, warmup=True)
         result["points"] = []
         for keys, dim in points:
             result["points"].append(measure_point(args, keys, dim, args.restores))
