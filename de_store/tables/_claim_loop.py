@@ -92,8 +92,9 @@ def _race_chunks_eagerly(
     """:func:`race_chunks` run eagerly (an op-by-op bulk call). Compiled, the chunks are
     cut from the padded columns by one op each, so that a chunk costs one call where the
     graph's loop body is a few dozen Python-dispatched ops. While this process has not
-    compiled the shape, the plain race runs once over the whole batch: chunk by chunk,
-    its ops would each handle few keys (a 1M-key batch took 0.84 s in chunks)."""
+    compiled the shape, the plain race runs once over the whole batch (with one probe
+    round, see :data:`~._index.plain`): chunk by chunk, Python would dispatch its few
+    dozen ops for every 32K keys."""
     n = int(keys.shape[0])
     race = race_from[t.serial_scatter]
     shapes = [tf.zeros([CHUNK], tf.int64)] * 2

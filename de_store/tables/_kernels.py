@@ -146,13 +146,14 @@ class Kernels:
         """Count ``seconds`` of an op-by-op call of kernel ``name``; past
         :data:`TRACE_AFTER_S` in all, trace it in the background (:meth:`_trace_behind`).
 
-        A trace costs its process about 0.5 s of Python (an insert's), most of it holding
-        the interpreter lock that the eager calls need between their ops, and the traced
-        kernel saves a part of each call's time (a 1M-key insert into a table of 5M:
-        0.08 s traced, 0.12 s op by op). A process that makes a few bulk calls (a table
-        filled in a handful of batches, then saved) is faster without it, one that goes
-        on calling gets it after a while: the time spent waiting stays within a small
-        multiple of the trace's."""
+        A trace costs its process tenths of a second of Python (an insert's: some 1,600
+        nodes), most of it holding the interpreter lock that the eager calls need between
+        their ops, and the traced kernel saves a part of each call's time (its ops run
+        side by side). A process that makes a few bulk calls (a table filled in a handful
+        of batches, then saved) is faster without it, one that goes on calling gets it
+        after a while, as a ski rental buys once renting has cost the price: the time
+        lost either way stays within a small multiple of the trace's
+        (``benchmarks/tfra_bench.py`` times a fill in new processes)."""
         with self._tracing:
             spent = self._op_by_op_s[name] = self._op_by_op_s.get(name, 0.0) + seconds
         if spent >= TRACE_AFTER_S and name not in self._eager_calls:
