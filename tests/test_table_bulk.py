@@ -27,8 +27,7 @@ def _every_bulk_call_op_by_op(monkeypatch: pytest.MonkeyPatch) -> None:
 def _nothing_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a process that has compiled no shape yet (other tests of this one may have):
     the first bulk calls run their compiled rounds as TensorFlow ops."""
-    for compiled in ("_compiled", "_races"):
-        monkeypatch.setattr(_xla, compiled, set())
+    monkeypatch.setattr(_xla, "_compiled", set())
 
 
 def _model_insert(model: dict, keys: np.ndarray, values: np.ndarray) -> None:
@@ -221,6 +220,6 @@ def test_a_traced_insert_runs_op_by_op_until_its_race_is_compiled(monkeypatch):
     table.insert(tf.constant(rng.integers(0, 10**9, BULK)), tf.zeros([BULK, 6]))
     assert calls == ["insert"]
     _xla.wait_for_compiles()
-    assert _xla.compiled_race(table.index)
+    assert _xla.compiled_race(_index.race_from[table._kernels.config.serial_scatter], table.index)
     table.insert(tf.constant(rng.integers(0, 10**9, BULK)), tf.zeros([BULK, 6]))
     assert calls == ["insert"]

@@ -10,7 +10,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables import _xla
-from de_store.tables._index import CHUNK, plain, race_from
+from de_store.tables._index import CHUNK, load_race_args, plain, race_from
 from de_store.tables._types import View
 from de_store.tables._variables import count as _count
 
@@ -97,8 +97,7 @@ def _race_chunks_eagerly(
     dozen ops for every 32K keys."""
     n = int(keys.shape[0])
     race = race_from[t.serial_scatter]
-    shapes = [tf.zeros([CHUNK], tf.int64)] * 2
-    compiled = _xla.runner(race, t.index, *shapes, tf.constant(0, tf.int64), shapes[0])
+    compiled = _xla.runner(race, t.index, *load_race_args())
     if compiled is None:
         return plain[race](t.index.handle, keys, tokens, tf.constant(n, tf.int64), start)
     chunks = -(-n // CHUNK)

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from de_store.tables import _kernel_cache, _xla
 from de_store.tables._change_tracking import STAMP_DTYPE
-from de_store.tables._index import handle_variable
+from de_store.tables._index import handle_variable, race_from
 from de_store.tables._locking import (
     EAGER_ON_DEVICE,
     critical_section,
@@ -140,7 +140,9 @@ class Kernels:
             return False
         if not self._cached(name):
             return True
-        return name in OP_BY_OP_UNTIL_COMPILED and not _xla.compiled_race(state.index)
+        if name not in OP_BY_OP_UNTIL_COMPILED:
+            return False
+        return not _xla.compiled_race(race_from[self.config.serial_scatter], state.index)
 
     def _ran_op_by_op(self, name: str, seconds: float) -> None:
         """Count ``seconds`` of an op-by-op call of kernel ``name``; past

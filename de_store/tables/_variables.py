@@ -19,6 +19,13 @@ def variable_length(var: tf.Variable) -> tf.Tensor:
     return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
 
 
+def eager_length(var: tf.Variable) -> int:
+    """Leading dimension of a variable, read eagerly as a Python int: the shape is read as
+    numpy, without the eager strided slice that :func:`variable_length` would run
+    (see :data:`~de_store.tables._locking.EAGER_ON_DEVICE`)."""
+    return int(tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64).numpy()[0])
+
+
 def replace(var: tf.Variable, value: tf.Tensor) -> None:
     """Assign ``value`` (of any length) to ``var`` without copying it.
 

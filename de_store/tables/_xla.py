@@ -37,8 +37,9 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables import _kernel_cache
-from de_store.tables._index import plain, race_from
+from de_store.tables._index import plain
 from de_store.tables._locking import eager_on_device, unoptimized_calls
+from de_store.tables._variables import eager_length
 
 log = logging.getLogger("de_store")
 
@@ -50,8 +51,6 @@ _compiled: set[Hashable] = set()
 _pending: dict[Hashable, concurrent.futures.Future[None]] = {}
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _callables: dict[Hashable, Any] = {}
-#: ``(device, capacity)`` of the races compiled (:func:`compiled_race`).
-_races: set[tuple[str, int]] = set()
 
 
 def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
@@ -86,12 +85,15 @@ def runner(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
     return None
 
 
-def compiled_race(index: tf.Variable) -> bool:
-    """Whether this process has compiled the race of big inserts and loads
-    (:data:`~._index.race_from`, either kind) for ``index`` as it is now."""
-    capacity = int(tf.raw_ops.VariableShape(input=index.handle, out_type=tf.int64).numpy()[0])
+def compiled_race(race: Any, index: tf.Variable) -> bool:
+    """Whether this process has compiled ``race`` (one of :data:`~._index.race_from`) for
+    ``index`` as it is now: its device and capacity (a race has one shape a capacity)."""
+    device, capacity = index.device, eager_length(index)
     with _lock:
-        return (index.device, capacity) in _races
+        return any(
+            s[0] is race and s[1] == device and s[2][0] == capacity  # type: ignore[index]
+            for s in _compiled
+        )
 
 
 def prepare(function: Any, index: tf.Variable, *args: tf.Tensor) -> None:
@@ -117,7 +119,7 @@ def _signature(
     ``capacity`` when given, else asked of the variable, whose static shape leaves it
     open) and the arguments' shapes."""
     if capacity is None:
-        capacity = int(tf.raw_ops.VariableShape(input=index.handle, out_type=tf.int64).numpy()[0])
+        capacity = eager_length(index)
     shape = (capacity, *(int(x) for x in index.shape[1:]))
     return (function, index.device, shape, tuple(tuple(a.shape.as_list()) for a in args))
 
@@ -151,8 +153,6 @@ def _finish(signature: Hashable, future: concurrent.futures.Future[None]) -> Non
         del _pending[signature]
         if future.exception() is None:
             _compiled.add(signature)
-            if signature[0] in race_from.values():  # type: ignore[index]
-                _races.add((signature[1], signature[2][0]))  # type: ignore[index]
         else:  # the shape runs as TensorFlow ops; the error is the compiler's, not the table's
             log.debug("XLA compile of %s failed: %s", signature, future.exception())
 

@@ -343,8 +343,7 @@ class HashTable(TableCore):
             return
         if room_for and self._growth is None and tf.executing_eagerly():
             # reserve grows to the smallest power of two holding the keys (or not at all)
-            shape = tf.raw_ops.VariableShape(input=self.index.handle, out_type=tf.int64)
-            now = int(shape.numpy()[0])  # no eager strided slice: see _index.find_in
+            now = _variables.eager_length(self.index)
             wanted = int(self.num_keys.read_value()) + room_for
             capacity = max(now, _index.capacity_for(wanted, self.max_load_factor))
             race = _index.race_from[self._kernels.config.serial_scatter]
