@@ -18,7 +18,8 @@ share no memory):
 * ``peak_rss_save_bytes``: the process's peak RSS over one more synchronous save, not
   timed (the kernel's high-water mark, reset right before it: ``checkpoint_bench.PeakRss``),
   next to ``rss_before_save_bytes``, ``rss_after_import_bytes`` (TensorFlow and de_store
-  imported, no table yet) and ``table_bytes`` (the table's own buffers). The fill's
+  imported, no table yet) and ``table_bytes`` (the table's index and its rows in use:
+  the unwritten rows a growth reserves hold no memory and are not counted). The fill's
   growths leave memory in TensorFlow's CPU allocator that the save finds there; the
   first restore process measures a save too (``restored_peak_rss_save_bytes``, against
   ``restored_table_bytes``), a process whose table was sized once, as after a restart,
@@ -58,6 +59,11 @@ Usage::
 
     python benchmarks/scale_curve.py
     python benchmarks/scale_curve.py --points 1M:16,2M:16 --plot /tmp/curve.png
+    python benchmarks/scale_curve.py --points 10M:16,50M:16 --allocator system
+
+``--allocator system`` runs every process with ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1``:
+TensorFlow then allocates with malloc and free instead of oneDNN's BFC allocator, which
+keeps the buffers a growing table frees (``allocator`` in the JSON says which ran).
 
 Prints a table, writes a PNG (per-key seconds of each step and reference against keys, log
 x; peak RSS while saving over the table's bytes, MiB) to ``--plot`` and the JSON beside it
@@ -76,7 +82,8 @@ import time
 from typing import Any
 
 import _harness as harness
-from checkpoint_bench import PeakRss, table_bytes
+import numpy as np
+from checkpoint_bench import PeakRss
 from tfra_bench import folder_bytes
 
 DEFAULT_POINTS = "1M:16,10M:16,50M:16,10M:64,10M:128"
@@ -90,6 +97,9 @@ FIRST_TOUCH_S_PER_GIB = 1.5
 STEPS = ("fill", "sync_save", "async_block", "async_total", "restore")
 REFERENCES = ("raw_write_fsync", "raw_read")
 UNITS = {"K": 10**3, "M": 10**6, "G": 10**9}
+#: TensorFlow's switch from oneDNN's CPU allocator (a BFC allocator, which keeps the
+#: buffers freed in it) to malloc and free (``--allocator system``).
+SYSTEM_ALLOCATOR = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"
 
 
 def parse_points(text: str) -> list[tuple[int, int]]:
@@ -128,6 +138,24 @@ def make_variable(tf: Any, de_store: Any, dim: int) -> Any:
     return de_store.get_variable(
         "embedding", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim, kv_creator=creator
     )
+
+
+def table_bytes(variable: Any) -> int:
+    """The bytes of the table's variables that hold data: the row store's rows past those
+    handed out are left unwritten (``Empty``: no memory until an insert writes them) and
+    are not counted."""
+    import tensorflow as tf
+
+    total = 0
+    for table in variable.shards:
+        used = int(table.next_row.numpy())
+        unwritten = 0
+        for store in (table.values, table.row_keys, table.stamps):
+            shape = tf.raw_ops.VariableShape(input=store.handle, out_type=tf.int64).numpy()
+            if shape[0] > used:  # the stamps of a table without change tracking stay empty
+                unwritten += int(shape[0] - used) * store.dtype.size * int(np.prod(shape[1:]))
+        total += table.memory_bytes() - unwritten
+    return total
 
 
 def current_rss() -> int:
@@ -238,8 +266,10 @@ PHASES = {"fill_save": phase_fill_save, "restore": phase_restore, "raw_read": ph
 def run(args: argparse.Namespace, phase: str, keys: int, dim: int, *extra: str) -> dict:
     options = ["--keys", str(keys), "--dim", str(dim), "--work", args.work]
     options += ["--rounds", str(args.rounds), *extra]
-    cache = {"DE_STORE_CACHE_DIR": os.path.join(args.run_dir, "cache")}
-    return harness.run_phase(__file__, phase, options, env=cache)
+    env = {"DE_STORE_CACHE_DIR": os.path.join(args.run_dir, "cache")}
+    if args.allocator == "system":
+        env[SYSTEM_ALLOCATOR] = "1"
+    return harness.run_phase(__file__, phase, options, env=env)
 
 
 def measure_point(
@@ -426,6 +456,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="sync saves (and raw writes)")
     parser.add_argument("--restores", type=int, default=2, help="restore processes a point")
     parser.add_argument("--warmup-keys", type=int, default=1 << 20)
+    parser.add_argument(
+        "--allocator",
+        choices=("default", "system"),
+        default="default",
+        help=f"system: every process runs with {SYSTEM_ALLOCATOR}=1",
+    )
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--keys", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dim", type=int, help=argparse.SUPPRESS)
@@ -441,7 +477,8 @@ def main() -> None:
         PHASES[args.phase](args)
         return
     points = parse_points(args.points)
-    result: dict[str, Any] = {"points_asked": args.points, "machine_before": machine_state()}
+    result: dict[str, Any] = {"points_asked": args.points, "allocator": args.allocator}
+    result["machine_before"] = machine_state()
     args.run_dir = tempfile.mkdtemp(prefix="de_store_scale_curve_", dir=args.dir)
     try:
         for dim in sorted({dim for _, dim in points}):  # fills the run's kernel cache

@@ -23,8 +23,11 @@ SCRIPT = textwrap.dedent(
     import json, logging, os, sys
     import numpy as np
     import tensorflow as tf
-    from de_store.tables import HashTable
+    from de_store.tables import HashTable, _kernels
 
+    # A bulk call's kernel is traced in the background once op-by-op calls took this
+    # long: never here, so that the entries a run writes do not depend on its speed.
+    _kernels.TRACE_AFTER_S = float("inf")
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s")
     logging.getLogger("de_store").setLevel(logging.DEBUG)
     fixed = os.environ["FIXED_SHAPES"] == "1"
