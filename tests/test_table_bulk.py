@@ -223,3 +223,27 @@ def test_a_traced_insert_runs_op_by_op_until_its_race_is_compiled(monkeypatch):
     assert _xla.compiled_race(_index.race_from[table._kernels.config.serial_scatter], table.index)
     table.insert(tf.constant(rng.integers(0, 10**9, BULK)), tf.zeros([BULK, 6]))
     assert calls == ["insert"]
+
+
+def test_a_bulk_call_that_grew_its_table_hands_freed_memory_back(monkeypatch):
+    """The arrays a growth replaced, and the buffers of its steps, go back to the system
+    after a bulk insert that grew the table (``malloc_trim``, where TensorFlow allocates
+    with malloc); calls that grew nothing, and small calls, leave malloc alone."""
+    trims: list[str] = []
+    monkeypatch.setattr(_kernels, "release_freed_memory", lambda: trims.append("trim"))
+    rng = np.random.default_rng(9)
+    keys = rng.choice(10**9, 10 * BULK, replace=False).astype(np.int64)
+    values = rng.normal(size=(10 * BULK, 2)).astype(np.float32)
+    table = HashTable(tf.int64, tf.float32, 2, name="trimmed")
+    model: dict = {}
+
+    def insert(at: slice) -> int:
+        table.insert(tf.constant(keys[at]), tf.constant(values[at]))
+        _model_insert(model, keys[at], values[at])
+        return len(trims)
+
+    assert insert(slice(0, BULK)) == 1  # the empty table grew
+    assert insert(slice(0, BULK)) == 1  # the same keys: no growth
+    assert insert(slice(BULK, BULK + 100)) == 1  # a small call
+    assert insert(slice(BULK + 100, 10 * BULK)) == 2  # past the room the first growth left
+    _check(table, model)

@@ -15,6 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from de_store._memory import release_freed_memory
 from de_store.tables import _kernel_cache, _xla
 from de_store.tables._change_tracking import STAMP_DTYPE
 from de_store.tables._index import handle_variable, race_from
@@ -26,6 +27,7 @@ from de_store.tables._locking import (
 )
 from de_store.tables._table_ops import TableOps
 from de_store.tables._types import Config, State, View
+from de_store.tables._variables import eager_length
 
 __all__ = ["Config", "Kernels", "State", "View", "kernels_for"]
 
@@ -57,6 +59,9 @@ TRACE_AFTER_S = 2.0
 #: Kernels whose eager calls always run op by op, never traced: a restore's sizing, and its
 #: start of the load's XLA compile, which must not wait for it (:mod:`._xla`).
 OP_BY_OP_ALWAYS = frozenset(["prepare", "compile_load"])
+#: Keyed kernels that grow a table. After a bulk eager call of one that grew its table,
+#: the memory malloc holds free is handed back to the system (:meth:`Kernels.run`).
+GROWING = frozenset(["insert", "accum_insert", "load_distinct"])
 
 #: The thread that traces kernels behind op-by-op calls (:meth:`Kernels._trace_behind`).
 _tracer: ThreadPoolExecutor | None = None
@@ -101,6 +106,20 @@ class Kernels:
         ``tf.compat.v1`` graph, a kernel without outputs returns the operations its call
         added, grouped: what ``Session.run`` fetches to run it.
         """
+        if tf.executing_eagerly() and not self.config.fixed_shapes:
+            # A growth frees the index or row store it replaced, and the buffers of its
+            # steps: where TensorFlow allocates with malloc, freed pages in malloc's
+            # arenas stay in the process until trimmed (see :mod:`de_store._memory`).
+            grows = name in GROWING and _keys(args) >= OP_BY_OP_MIN_KEYS
+            sizes = _sizes(state) if grows else None
+            result = self._dispatch(name, mutex, state, args)
+            if sizes is not None and _sizes(state) != sizes:
+                release_freed_memory()
+            return result
+        return self._dispatch(name, mutex, state, args)
+
+    def _dispatch(self, name: str, mutex: tf.Tensor, state: State, args: tuple[Any, ...]) -> Any:
+        """:meth:`run` but for the memory handed back after a growth."""
         if tf.executing_eagerly() and self._runs_op_by_op(name, state, args):
             if name in OP_BY_OP_ALWAYS:
                 return self._op_by_op(name, mutex, state, args)
@@ -134,9 +153,7 @@ class Kernels:
             return not self._cached(name)
         if name not in OP_BY_OP_KEYED or not args:
             return False
-        keys = args[0]
-        length = keys.shape[0] if hasattr(keys, "shape") and keys.shape.rank else None
-        if length is None or length < OP_BY_OP_MIN_KEYS:
+        if _keys(args) < OP_BY_OP_MIN_KEYS:
             return False
         if not self._cached(name):
             return True
@@ -294,6 +311,17 @@ class Kernels:
         stamps = tf.TensorSpec([None], STAMP_DTYPE)
         index = tf.TensorSpec([None, 2], tf.int64)
         return [index, rows, ids, *[counter] * 4, stamps, counter, ids, ids, counter, ids]
+
+
+def _keys(args: tuple[Any, ...]) -> int:
+    """The length of a keyed kernel's first argument, its keys (0 when not known)."""
+    shape = tf.TensorShape(getattr(args[0], "shape", None) if args else None)
+    return int(shape[0] or 0) if shape.rank else 0
+
+
+def _sizes(state: State) -> tuple[int, int]:
+    """The lengths of a table's index and row store, read without an op on its device."""
+    return eager_length(state.index), eager_length(state.values)
 
 
 def _checked(operation: Any, ops: TableOps, name: str, args: Any, label: tf.Tensor) -> Any:
