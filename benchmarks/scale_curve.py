@@ -19,8 +19,8 @@ share no memory):
   timed (the kernel's high-water mark, reset right before it: ``checkpoint_bench.PeakRss``),
   next to ``rss_before_save_bytes``, ``rss_after_import_bytes`` (TensorFlow and de_store
   imported, no table yet) and ``table_bytes`` (the table's index and its rows in use:
-  the unwritten rows a growth reserves hold no memory and are not counted). The fill's
-  growths leave memory in TensorFlow's CPU allocator that the save finds there; the
+  the rows a store holds past them, unwritten or copied by a growth, count as overhead).
+  The fill's growths leave memory in TensorFlow's CPU allocator that the save finds there; the
   first restore process measures a save too (``restored_peak_rss_save_bytes``, against
   ``restored_table_bytes``), a process whose table was sized once, as after a restart,
   and ``peak_rss_restore_bytes``, its peak over the restore;
@@ -141,9 +141,9 @@ def make_variable(tf: Any, de_store: Any, dim: int) -> Any:
 
 
 def table_bytes(variable: Any) -> int:
-    """The bytes of the table's variables that hold data: the row store's rows past those
-    handed out are left unwritten (``Empty``: no memory until an insert writes them) and
-    are not counted."""
+    """The bytes of the table's index and of its rows in use (handed out): the rows a store
+    holds past them (left unwritten by a new store, copies of its last row after a
+    growth) are not the table's data."""
     import tensorflow as tf
 
     total = 0

@@ -3,8 +3,6 @@ behaviour: growth, kernels shared between tables, compiled probe rounds, bulk lo
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -435,31 +433,3 @@ def test_compile_load_writes_nothing():
     assert exists.numpy().all()
     assert values.numpy()[:, 0].tolist() == [1.0] * 20_000 + [2.0] * 20_000
 
-
-def _rows_held(table: HashTable) -> int:
-    return int(tf.raw_ops.VariableShape(input=table.values.handle)[0])
-
-
-@pytest.mark.parametrize("row_growth", [1.25, 1.01])
-def test_a_filled_row_store_grows_with_its_index_and_keeps_every_row(row_growth) -> None:
-    """A table filled batch after batch grows its row store for every key its index holds
-    (the rows past those in use left unwritten), not by ``row_growth`` a time: the store
-    grows at most once per capacity of the index. Each growth keeps every row in use,
-    freed rows too, which inserts take first."""
-    table = HashTable(tf.int64, tf.float32, 2, name="emb/rows", row_growth=row_growth)
-    keys = np.arange(20_000, dtype=np.int64)
-    values = np.stack([keys, -keys], axis=1).astype(np.float32)
-    table.insert(keys[:100], values[:100])
-    table.remove(keys[:10])
-    sizes = [(table.capacity(), _rows_held(table))]
-    for start in range(100, 20_000, 300):
-        table.insert(keys[start : start + 300], values[start : start + 300])
-        capacity, rows = table.capacity(), _rows_held(table)
-        if rows != sizes[-1][1]:
-            assert rows >= int(capacity * table.max_load_factor)
-        sizes.append((capacity, rows))
-    row_growths = sum(a[1] != b[1] for a, b in itertools.pairwise(sizes))
-    index_growths = sum(a[0] != b[0] for a, b in itertools.pairwise(sizes))
-    assert 0 < row_growths <= index_growths
-    expected = {int(k): (float(k), float(-k)) for k in keys[10:]}
-    assert content(table) == expected

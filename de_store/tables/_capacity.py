@@ -180,41 +180,48 @@ class CapacityOps(ProbeOps):
         return tf.concat([from_free, fresh], axis=0)
 
     def _ensure_rows(self, needed: tf.Tensor, headroom: bool = True) -> None:
-        """Make the row store hold at least ``needed`` rows.
-
-        The store grows by ``row_growth`` at least (times what is held, or, when
-        ``headroom``, times what is needed if more: a batch bigger than the headroom then
-        does not make the next one grow). With ``headroom`` it is sized for every key the
-        index holds before it grows again (the index's growth left room for the batches
-        that may follow, ``reserve``), at most twice what is needed (or ``needed +
-        AHEAD_MAX_KEYS``, if more). The rows past those in use are left unwritten
-        (``Empty``): they cost no memory until an insert writes them, and a table being
-        filled copies its store about once per growth of its index instead of once per
-        ``row_growth``. A growth copies only the rows in use, into the new store's first
-        rows; a row is written (or zeroed, by accum) whenever it is handed out.
-        """
         t = self.t
 
         def grow() -> tf.Tensor:
             have = variable_length(t.values)
+            # ``row_growth`` times what is held, or, when ``headroom``, times what is needed
+            # if more: a batch bigger than the headroom then does not make the next one grow.
             base = tf.cast(tf.maximum(needed, have) if headroom else have, tf.float64)
             bigger = tf.cast(tf.math.ceil(base * t.row_growth), tf.int64)
             length = tf.maximum(needed, bigger)
+            # A new store (nothing to copy) is left unwritten: rows for every key the
+            # index holds before it grows (its growth left room for the batches that may
+            # follow, ``reserve``) cost no memory until written, and spare their copies.
             if headroom:
                 held = self._load_limit(variable_length(t.index))
-                ahead = tf.maximum(needed, AHEAD_MAX_KEYS) + needed
-                length = tf.maximum(length, tf.minimum(held, ahead))
-            _unwritten_store(length, t.next_row.read_value())
+                first = tf.maximum(length, tf.minimum(held, needed + AHEAD_MAX_KEYS))
+            else:
+                first = length
+            tf.cond(t.next_row > 0, lambda: _copy_rows(length), lambda: _new_rows(first))
             return tf.constant(True)
 
-        def _unwritten_store(length: tf.Tensor, used: tf.Tensor) -> None:
+        def _copy_rows(length: tf.Tensor) -> tf.Tensor:
+            # One gather builds the bigger store (a read plus a concat would allocate and
+            # copy it twice more). Rows past the old end repeat its last row: a row is
+            # written (or zeroed, by accum) whenever it is handed out.
+            source = tf.minimum(tf.range(length), variable_length(t.values) - 1)
+            replace(t.values, tf.gather(t.values, source))
+            replace(t.row_keys, tf.gather(t.row_keys, source))
+            if t.track_changes:  # a row's stamp is written whenever the row is
+                replace(t.stamps, tf.gather(t.stamps, source))
+            return tf.constant(True)
+
+        def _new_rows(length: tf.Tensor) -> tf.Tensor:
+            # No row handed out yet (an empty table grown for a restore): a store left
+            # unwritten (``Empty``, its memory first touched by the rows' own writes).
             rows = tf.cast(length, tf.int32)
             shape = tf.stack([rows, t.dim])
-            _regrow(t.values, tf.raw_ops.Empty(shape=shape, dtype=t.values.dtype), used)
-            _regrow(t.row_keys, tf.raw_ops.Empty(shape=rows[None], dtype=tf.int64), used)
+            replace(t.values, tf.raw_ops.Empty(shape=shape, dtype=t.values.dtype))
+            replace(t.row_keys, tf.raw_ops.Empty(shape=rows[None], dtype=tf.int64))
             if t.track_changes:  # Empty has no GPU kernel for uint32: bitcast float32
                 unwritten = tf.raw_ops.Empty(shape=rows[None], dtype=tf.float32)
-                _regrow(t.stamps, tf.bitcast(unwritten, STAMP_DTYPE), used)
+                replace(t.stamps, tf.bitcast(unwritten, STAMP_DTYPE))
+            return tf.constant(True)
 
         have = variable_length(t.values)
         tf.cond(needed > have, grow, lambda: tf.constant(False))
@@ -227,12 +234,3 @@ class CapacityOps(ProbeOps):
     def free(self, rows: tf.Tensor) -> None:
         """Push row ids on the free list (growing it when full)."""
         push(self.t.num_free, [(self.t.free_rows, rows)])
-
-
-def _regrow(var: tf.Variable, bigger: tf.Tensor, used: tf.Tensor) -> None:
-    """Make the unwritten ``bigger`` the store of ``var``, its first ``used`` rows those of
-    the store it replaces, scattered into ``bigger`` in place (``replace`` left the
-    variable its only holder, so the scatter copies no buffer)."""
-    old = read_shared(var)
-    replace(var, bigger)
-    var.scatter_update(tf.IndexedSlices(old[:used], tf.range(used)))

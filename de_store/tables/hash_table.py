@@ -10,16 +10,12 @@ stay valid). An insert that makes the index grow leaves room for three more batc
 size as well (at most 2**22 keys more): a table being filled batch after batch then meets
 few capacities, and each capacity costs a rehash and the XLA compiles of the first probe
 rounds.
-*Row store*: ``values [rows, dim]`` and ``row_keys [rows]``, the key of each row, written
-with it. A growth makes it ``row_growth`` times bigger at least (times what a batch needs,
-when it needs more than that), and as big as the index's load limit (at most twice the
-rows needed): only the rows in use are copied, the rest is left unwritten (``Empty``), so
-the reserve costs no memory until written and a table being filled copies its rows about
-once per capacity of its index. Rows freed by ``remove`` go on a free list
-(``free_rows``) and are reused first. While no row is free, the store's first rows are
-exactly the live ones: a save writes them as the store holds them (``snapshot``), and
-``export_changes`` reads the keys of the rows stamped after a mark, neither scanning the
-index.
+*Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth`` (times what a
+batch needs, when it needs more than that), and ``row_keys [rows]``, the key of each row,
+written with it; rows freed by ``remove`` go on a free list (``free_rows``) and are reused
+first. While no row is free, the store's first rows are exactly the live ones: a save
+writes them as the store holds them (``snapshot``), and ``export_changes`` reads the keys
+of the rows stamped after a mark, neither scanning the index.
 
 Keeping the values out of the probe array means the index (16 bytes a slot) is the only
 part sized by the power-of-two capacity, so the table stays within ~1.5x the raw key+value
@@ -148,8 +144,7 @@ class HashTable(TableCore):
         The index grows (doubling, as often as needed) before ``(keys + tombstones) /
         capacity`` would pass this.
     row_growth
-        Least factor by which the row store grows when it is full, ``> 1`` (a growth
-        also reserves unwritten rows up to the index's load limit; see *Row store*).
+        Factor by which the row store grows when it is full, ``> 1``.
     track_changes
         Stamp every written row with the current change epoch (4 bytes a row) and log
         removed keys, so that :meth:`export_changes` can list what changed since a mark
