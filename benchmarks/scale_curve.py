@@ -82,7 +82,6 @@ import time
 from typing import Any
 
 import _harness as harness
-import numpy as np
 from checkpoint_bench import PeakRss
 from tfra_bench import folder_bytes
 
@@ -144,16 +143,17 @@ def table_bytes(variable: Any) -> int:
     """The bytes of the table's index and of its rows in use (handed out): the rows a store
     holds past them (left unwritten by a new store, copies of its last row after a
     growth) are not the table's data."""
-    import tensorflow as tf
+    from de_store.tables._variables import eager_length
 
     total = 0
     for table in variable.shards:
         used = int(table.next_row.numpy())
         unwritten = 0
         for store in (table.values, table.row_keys, table.stamps):
-            shape = tf.raw_ops.VariableShape(input=store.handle, out_type=tf.int64).numpy()
-            if shape[0] > used:  # the stamps of a table without change tracking stay empty
-                unwritten += int(shape[0] - used) * store.dtype.size * int(np.prod(shape[1:]))
+            rows = eager_length(store)
+            if rows > used:  # the stamps of a table without change tracking stay empty
+                row_bytes = store.dtype.size * store.shape[1:].num_elements()
+                unwritten += (rows - used) * row_bytes
         total += table.memory_bytes() - unwritten
     return total
 

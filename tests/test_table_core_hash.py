@@ -432,4 +432,3 @@ def test_compile_load_writes_nothing():
     values, exists = table.lookup(keys)
     assert exists.numpy().all()
     assert values.numpy()[:, 0].tolist() == [1.0] * 20_000 + [2.0] * 20_000
-

@@ -106,17 +106,16 @@ class Kernels:
         ``tf.compat.v1`` graph, a kernel without outputs returns the operations its call
         added, grouped: what ``Session.run`` fetches to run it.
         """
-        if tf.executing_eagerly() and not self.config.fixed_shapes:
-            # A growth frees the index or row store it replaced, and the buffers of its
-            # steps: where TensorFlow allocates with malloc, freed pages in malloc's
-            # arenas stay in the process until trimmed (see :mod:`de_store._memory`).
-            grows = name in GROWING and _keys(args) >= OP_BY_OP_MIN_KEYS
-            sizes = _sizes(state) if grows else None
-            result = self._dispatch(name, mutex, state, args)
-            if sizes is not None and _sizes(state) != sizes:
-                release_freed_memory()
-            return result
-        return self._dispatch(name, mutex, state, args)
+        # A growth frees the index or row store it replaced, and the buffers of its steps:
+        # where TensorFlow allocates with malloc, freed pages in malloc's arenas stay in
+        # the process until trimmed (see :mod:`de_store._memory`).
+        watched = tf.executing_eagerly() and not self.config.fixed_shapes
+        grows = watched and name in GROWING and _keys(args) >= OP_BY_OP_MIN_KEYS
+        sizes = _sizes(state) if grows else None
+        result = self._dispatch(name, mutex, state, args)
+        if sizes is not None and _sizes(state) != sizes:
+            release_freed_memory()
+        return result
 
     def _dispatch(self, name: str, mutex: tf.Tensor, state: State, args: tuple[Any, ...]) -> Any:
         """:meth:`run` but for the memory handed back after a growth."""
@@ -320,7 +319,7 @@ def _keys(args: tuple[Any, ...]) -> int:
 
 
 def _sizes(state: State) -> tuple[int, int]:
-    """The lengths of a table's index and row store, read without an op on its device."""
+    """The lengths of a table's index and row store, read as numpy (:func:`eager_length`)."""
     return eager_length(state.index), eager_length(state.values)
 
 
