@@ -63,7 +63,9 @@ Usage::
 
 ``--allocator system`` runs every process with ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1``:
 TensorFlow then allocates with malloc and free instead of oneDNN's BFC allocator, which
-keeps the buffers a growing table frees (``allocator`` in the JSON says which ran).
+keeps the buffers a growing table frees (``allocator`` in the JSON says which ran), and
+tables grow their row stores into unwritten stores sized for their index instead of by a
+gather (``row_growth``, read from the fill process's table).
 
 Prints a table, writes a PNG (per-key seconds of each step and reference against keys, log
 x; peak RSS while saving over the table's bytes, MiB) to ``--plot`` and the JSON beside it
@@ -175,6 +177,8 @@ def phase_fill_save(args: argparse.Namespace) -> None:
     variable = make_variable(tf, de_store, args.dim)
     out.update(fill(tf, variable, args))
     out["table_keys"], out["table_bytes"] = int(variable.size()), table_bytes(variable)
+    reserves = variable.shards[0]._kernels.config.reserve_rows
+    out["row_growth"] = "reserve" if reserves else "gather"  # by the allocator in use
     checkpoint = tf.train.Checkpoint(embedding=variable)
     out.update(sync_saves(checkpoint, args))
     rss_prefix = os.path.join(args.work, "rss", "ckpt")

@@ -3,6 +3,12 @@ behaviour: growth, kernels shared between tables, compiled probe rounds, bulk lo
 
 from __future__ import annotations
 
+import itertools
+import math
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,7 +16,7 @@ import tensorflow as tf
 from de_store.tables import HashTable
 from de_store.tables._index import capacity_for
 from de_store.testing.table_suite import TableCoreTests, content, rows
-from de_store.testing.tables import with_unordered_scatters
+from de_store.testing.tables import with_row_growth, with_unordered_scatters
 
 
 class TestHashTable(TableCoreTests):
@@ -23,6 +29,14 @@ class TestHashTableUnorderedScatters(TableCoreTests):
 
     def make_table(self, key_dtype, value_dtype, dim, name):
         return with_unordered_scatters(HashTable(key_dtype, value_dtype, dim, name=name))
+
+
+class TestHashTableReservedRows(TableCoreTests):
+    """A table whose row store grows into unwritten stores sized for its index, as where
+    TensorFlow's CPU allocator hands freed memory back (the default one keeps it)."""
+
+    def make_table(self, key_dtype, value_dtype, dim, name):
+        return with_row_growth(HashTable(key_dtype, value_dtype, dim, name=name), True)
 
 
 class TestHashTableFixedShapes(TableCoreTests):
@@ -432,3 +446,75 @@ def test_compile_load_writes_nothing():
     values, exists = table.lookup(keys)
     assert exists.numpy().all()
     assert values.numpy()[:, 0].tolist() == [1.0] * 20_000 + [2.0] * 20_000
+
+
+def _rows_held(table: HashTable) -> int:
+    return int(tf.raw_ops.VariableShape(input=table.values.handle)[0])
+
+
+@pytest.mark.parametrize("row_growth", [1.25, 1.01])
+def test_a_reserving_row_store_grows_with_its_index_and_keeps_every_row(row_growth) -> None:
+    """A table filled batch after batch, whose row store grows into unwritten stores,
+    grows it for every key its index holds, not by ``row_growth`` a time: at most once
+    per capacity of the index. Each growth keeps every row in use, freed rows too, which
+    inserts take first."""
+    table = HashTable(tf.int64, tf.float32, 2, name="emb/rows", row_growth=row_growth)
+    table = with_row_growth(table, True)
+    keys = np.arange(20_000, dtype=np.int64)
+    values = np.stack([keys, -keys], axis=1).astype(np.float32)
+    table.insert(keys[:100], values[:100])
+    table.remove(keys[:10])
+    sizes = [(table.capacity(), _rows_held(table))]
+    for start in range(100, 20_000, 300):
+        table.insert(keys[start : start + 300], values[start : start + 300])
+        capacity, rows = table.capacity(), _rows_held(table)
+        if rows != sizes[-1][1]:
+            assert rows >= int(capacity * table.max_load_factor)
+        sizes.append((capacity, rows))
+    row_growths = sum(a[1] != b[1] for a, b in itertools.pairwise(sizes))
+    index_growths = sum(a[0] != b[0] for a, b in itertools.pairwise(sizes))
+    assert 0 < row_growths <= index_growths
+    expected = {int(k): (float(k), float(-k)) for k in keys[10:]}
+    assert content(table) == expected
+
+
+def test_a_gathering_row_store_grows_by_row_growth() -> None:
+    """Under an allocator that keeps freed memory, the row store grows by ``row_growth``
+    times the rows a batch needs, however big the index is."""
+    table = with_row_growth(HashTable(tf.int64, tf.float32, 1, name="emb/gather"), False)
+    keys = np.arange(5_000, dtype=np.int64)
+    growths = []
+    for start in range(0, 5_000, 10):
+        held = _rows_held(table)
+        table.insert(keys[start : start + 10], keys[start : start + 10, None].astype(np.float32))
+        if _rows_held(table) != held:
+            growths.append((start + 10, _rows_held(table)))
+    assert len(growths) > 10
+    assert all(rows == math.ceil(needed * 1.25) for needed, rows in growths)
+    assert content(table) == {int(k): (float(k),) for k in keys}
+
+
+@pytest.mark.parametrize(
+    ("setting", "keeps_freed"),
+    [(None, True), ("TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", False), ("TF_ENABLE_ONEDNN_OPTS=0", False)],
+)
+def test_a_table_grows_its_rows_the_way_its_allocator_serves(setting, keeps_freed) -> None:
+    """TensorFlow's default CPU allocator on x86 Linux (oneDNN's BFC allocator) keeps the
+    memory it frees: tables there grow their row stores by a gather. With the system
+    allocator, or without oneDNN, freed memory goes back to malloc: tables reserve."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    if setting:
+        name, value = setting.split("=")
+        env[name] = value
+    script = (
+        "import tensorflow as tf\n"
+        "from de_store import _memory\n"
+        "from de_store.tables import HashTable\n"
+        "table = HashTable(tf.int64, tf.float32, 4, name='probe')\n"
+        "print(_memory.cpu_allocator_keeps_freed(), table._kernels.config.reserve_rows)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [str(keeps_freed), str(not keeps_freed)]

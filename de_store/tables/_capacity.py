@@ -5,6 +5,7 @@ freeing row ids."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -180,30 +181,55 @@ class CapacityOps(ProbeOps):
         return tf.concat([from_free, fresh], axis=0)
 
     def _ensure_rows(self, needed: tf.Tensor, headroom: bool = True) -> None:
+        """Make the row store hold at least ``needed`` rows.
+
+        The store grows by ``row_growth`` at least (times what is held, or, when
+        ``headroom``, times what is needed if more: a batch bigger than the headroom then
+        does not make the next one grow). Two ways to grow, by ``Config.reserve_rows``:
+
+        - a gather builds the bigger store, its rows past the old end copies of the last
+          one (what an allocator that pools freed buffers serves best: the copies touch
+          the new store's memory once, while the old store is still held);
+        - with ``reserve_rows``, a store left unwritten (``Empty``) takes a copy of the
+          rows in use only, and, with ``headroom``, holds rows for every key the index
+          holds before it grows again (at most twice what is needed, or ``needed +
+          AHEAD_MAX_KEYS`` if more): a table being filled copies its rows about once per
+          growth of its index instead of once per ``row_growth``, and the rows it has
+          not written cost no memory.
+
+        A row is written (or zeroed, by accum) whenever it is handed out, so what a store
+        holds past its rows in use is never read. A store with no row handed out yet (an
+        empty table grown for a restore) is left unwritten either way.
+        """
         t = self.t
 
         def grow() -> tf.Tensor:
             have = variable_length(t.values)
-            # ``row_growth`` times what is held, or, when ``headroom``, times what is needed
-            # if more: a batch bigger than the headroom then does not make the next one grow.
             base = tf.cast(tf.maximum(needed, have) if headroom else have, tf.float64)
             bigger = tf.cast(tf.math.ceil(base * t.row_growth), tf.int64)
             length = tf.maximum(needed, bigger)
-            # A new store (nothing to copy) is left unwritten: rows for every key the
-            # index holds before it grows (its growth left room for the batches that may
-            # follow, ``reserve``) cost no memory until written, and spare their copies.
+            # An unwritten store may hold rows for every key the index holds before it
+            # grows (its growth left room for the batches that may follow, ``reserve``):
+            # they cost no memory until written, and spare their copies.
             if headroom:
                 held = self._load_limit(variable_length(t.index))
-                first = tf.maximum(length, tf.minimum(held, needed + AHEAD_MAX_KEYS))
+                ahead = tf.minimum(held, needed + tf.maximum(needed, AHEAD_MAX_KEYS))
+                unwritten = tf.maximum(length, ahead)
             else:
-                first = length
-            tf.cond(t.next_row > 0, lambda: _copy_rows(length), lambda: _new_rows(first))
+                unwritten = length
+            if t.reserve_rows:
+                _unwritten_store(unwritten, t.next_row.read_value())
+            else:
+                tf.cond(
+                    t.next_row > 0,
+                    lambda: _gathered_store(length),
+                    lambda: _unwritten_store(unwritten, None),
+                )
             return tf.constant(True)
 
-        def _copy_rows(length: tf.Tensor) -> tf.Tensor:
+        def _gathered_store(length: tf.Tensor) -> tf.Tensor:
             # One gather builds the bigger store (a read plus a concat would allocate and
-            # copy it twice more). Rows past the old end repeat its last row: a row is
-            # written (or zeroed, by accum) whenever it is handed out.
+            # copy it twice more).
             source = tf.minimum(tf.range(length), variable_length(t.values) - 1)
             replace(t.values, tf.gather(t.values, source))
             replace(t.row_keys, tf.gather(t.row_keys, source))
@@ -211,16 +237,17 @@ class CapacityOps(ProbeOps):
                 replace(t.stamps, tf.gather(t.stamps, source))
             return tf.constant(True)
 
-        def _new_rows(length: tf.Tensor) -> tf.Tensor:
-            # No row handed out yet (an empty table grown for a restore): a store left
-            # unwritten (``Empty``, its memory first touched by the rows' own writes).
+        def _unwritten_store(length: tf.Tensor, used: tf.Tensor | None) -> tf.Tensor:
             rows = tf.cast(length, tf.int32)
             shape = tf.stack([rows, t.dim])
-            replace(t.values, tf.raw_ops.Empty(shape=shape, dtype=t.values.dtype))
-            replace(t.row_keys, tf.raw_ops.Empty(shape=rows[None], dtype=tf.int64))
-            if t.track_changes:  # Empty has no GPU kernel for uint32: bitcast float32
-                unwritten = tf.raw_ops.Empty(shape=rows[None], dtype=tf.float32)
-                replace(t.stamps, tf.bitcast(unwritten, STAMP_DTYPE))
+
+            def stamps() -> tf.Tensor:  # Empty has no GPU kernel for uint32: bitcast float32
+                return tf.bitcast(tf.raw_ops.Empty(shape=rows[None], dtype=tf.float32), STAMP_DTYPE)
+
+            _regrow(t.values, lambda: tf.raw_ops.Empty(shape=shape, dtype=t.values.dtype), used)
+            _regrow(t.row_keys, lambda: tf.raw_ops.Empty(shape=rows[None], dtype=tf.int64), used)
+            if t.track_changes:
+                _regrow(t.stamps, stamps, used)
             return tf.constant(True)
 
         have = variable_length(t.values)
@@ -234,3 +261,16 @@ class CapacityOps(ProbeOps):
     def free(self, rows: tf.Tensor) -> None:
         """Push row ids on the free list (growing it when full)."""
         push(self.t.num_free, [(self.t.free_rows, rows)])
+
+
+def _regrow(var: tf.Variable, unwritten: Callable[[], tf.Tensor], used: tf.Tensor | None) -> None:
+    """Make the store ``unwritten()`` builds the store of ``var``, with a copy of the first
+    ``used`` rows of the store it replaces (``None``: nothing to keep). The new store is
+    built where it is assigned, so the variable is its only holder and the scatter into it
+    copies no buffer."""
+    if used is None:
+        replace(var, unwritten())
+        return
+    old = read_shared(var)
+    replace(var, unwritten())
+    var.scatter_update(tf.IndexedSlices(old[:used], tf.range(used)))

@@ -38,6 +38,10 @@ class Config:
     #: :mod:`~de_store.tables.hash_table`): an operation that needs more room than the
     #: table has fails before it writes, instead of growing the variables.
     fixed_shapes: bool = False
+    #: How the row store grows (see ``CapacityOps._ensure_rows``): into a store left
+    #: unwritten past the rows in use, sized for the keys the index holds (where freed
+    #: memory goes back to the system), or by a gather (where an allocator keeps it).
+    reserve_rows: bool = False
 
 
 class State(NamedTuple):

@@ -10,12 +10,17 @@ stay valid). An insert that makes the index grow leaves room for three more batc
 size as well (at most 2**22 keys more): a table being filled batch after batch then meets
 few capacities, and each capacity costs a rehash and the XLA compiles of the first probe
 rounds.
-*Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth`` (times what a
-batch needs, when it needs more than that), and ``row_keys [rows]``, the key of each row,
-written with it; rows freed by ``remove`` go on a free list (``free_rows``) and are reused
-first. While no row is free, the store's first rows are exactly the live ones: a save
-writes them as the store holds them (``snapshot``), and ``export_changes`` reads the keys
-of the rows stamped after a mark, neither scanning the index.
+*Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth`` at least (times
+what a batch needs, when it needs more than that), and ``row_keys [rows]``, the key of each
+row, written with it. Where TensorFlow's CPU allocator hands freed memory back (see
+``_memory.cpu_allocator_keeps_freed``), a growth copies only the rows in use into a store
+left unwritten past them and sized for every key the index holds, so a table being filled
+copies its rows about once per capacity of its index; under an allocator that keeps what
+it frees, a gather builds each bigger store. Rows freed by ``remove`` go on a free list
+(``free_rows``) and are reused first. While no row is free, the store's first rows are
+exactly the live ones: a save writes them as the store holds them (``snapshot``), and
+``export_changes`` reads the keys of the rows stamped after a mark, neither scanning the
+index.
 
 Keeping the values out of the probe array means the index (16 bytes a slot) is the only
 part sized by the power-of-two capacity, so the table stays within ~1.5x the raw key+value
@@ -103,6 +108,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from de_store import _memory
 from de_store.errors import RepeatedKeysError
 from de_store.tables import (
     _change_tracking,
@@ -144,7 +150,8 @@ class HashTable(TableCore):
         The index grows (doubling, as often as needed) before ``(keys + tombstones) /
         capacity`` would pass this.
     row_growth
-        Factor by which the row store grows when it is full, ``> 1``.
+        Least factor by which the row store grows when it is full, ``> 1`` (see *Row
+        store*: a growth may also reserve unwritten rows up to the index's load limit).
     track_changes
         Stamp every written row with the current change epoch (4 bytes a row) and log
         removed keys, so that :meth:`export_changes` can list what changed since a mark
@@ -256,6 +263,8 @@ class HashTable(TableCore):
             rows,
             serial_scatter=self._on_host,  # TensorFlow's CPU scatter is serial
             fixed_shapes=self.fixed_shapes,
+            # where the CPU allocator hands freed stores back, grow into unwritten ones
+            reserve_rows=self._on_host and not _memory.cpu_allocator_keeps_freed(),
         )
 
     # -- contract ----------------------------------------------------------------------
