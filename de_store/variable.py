@@ -36,6 +36,7 @@ from de_store.saver import tf_hook  # registers the TF checkpoint saver of Varia
 from de_store.saver.rows import reserve_shards
 from de_store.table_creators import CuckooHashTableCreator as CuckooHashTableCreator
 from de_store.table_creators import HashTableCreator
+from de_store.tables._locking import on_device
 
 if TYPE_CHECKING:  # importing de_store.tables creates TF constants, which fixes the devices
     from de_store.backends import Backend
@@ -241,7 +242,7 @@ class Variable(tf.Module):
         for shard, device, (shard_keys, shard_pos) in zip(
             self._shards, self.devices, self.partition(flat), strict=True
         ):
-            with tf.device(device):
+            with on_device(device):
                 shard_values, shard_exists = shard.lookup(shard_keys, default)
             positions.append(shard_pos)
             values.append(shard_values)
@@ -261,7 +262,7 @@ class Variable(tf.Module):
         for shard, device, (shard_keys, shard_pos) in zip(
             self._shards, self.devices, self.partition(keys), strict=True
         ):
-            with tf.device(device):
+            with on_device(device):
                 ops.append(shard.insert(shard_keys, self._for_shard(values, shard_pos)))
         return grouped(ops)
 
@@ -281,7 +282,7 @@ class Variable(tf.Module):
         for shard, device, (shard_keys, shard_pos) in zip(
             self._shards, self.devices, self.partition(keys), strict=True
         ):
-            with tf.device(device):
+            with on_device(device):
                 shard.load_distinct(shard_keys, self._for_shard(values, shard_pos))
 
     def accum(
@@ -317,7 +318,7 @@ class Variable(tf.Module):
         for shard, device, (shard_keys, shard_pos) in zip(
             self._shards, self.devices, self.partition(keys), strict=True
         ):
-            with tf.device(device):
+            with on_device(device):
                 ops.append(
                     shard.accum(shard_keys, self._for_shard(deltas, shard_pos), insert_missing)
                 )
@@ -365,7 +366,7 @@ class Variable(tf.Module):
         for shard, device, (shard_keys, _) in zip(
             self._shards, self.devices, self.partition(keys), strict=True
         ):
-            with tf.device(device):
+            with on_device(device):
                 ops.append(shard.remove(shard_keys))
         ops += [companion.remove(keys) for companion in self._companions.values()]
         return grouped(ops)
@@ -402,7 +403,7 @@ class Variable(tf.Module):
             pairs = [pairs[index]]
         sizes = []
         for shard, device in pairs:
-            with tf.device(device):
+            with on_device(device):
                 sizes.append(tf.cast(shard.size(), tf.int64))
         return tf.add_n(sizes)
 
@@ -411,7 +412,7 @@ class Variable(tf.Module):
         """Remove every key from the values and from every companion."""
         ops: list[Any] = []
         for shard, device in zip(self._shards, self.devices, strict=True):
-            with tf.device(device):
+            with on_device(device):
                 ops.append(shard.clear())
         ops += [companion.clear() for companion in self._companions.values()]
         object.__setattr__(self, "change_base", None)  # no history: the next save is full
@@ -422,7 +423,7 @@ class Variable(tf.Module):
         """Return ``(keys [n], values [n, dim])`` over all shards."""
         keys, values = [], []
         for shard, device in zip(self._shards, self.devices, strict=True):
-            with tf.device(device):
+            with on_device(device):
                 shard_keys, shard_values = shard.export_all()
             keys.append(shard_keys)
             values.append(shard_values)

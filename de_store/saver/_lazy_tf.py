@@ -8,6 +8,7 @@ as the ranks of ``benchmarks/scale_bench.py``, skip its import time and memory.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,4 +23,12 @@ else:
 
     tf = _TensorFlow()
 
-__all__ = ["tf"]
+__all__ = ["on_device", "tf"]
+
+
+def on_device(device: str) -> contextlib.AbstractContextManager[Any]:
+    """``tf.device(device)``, holding the lock of eager ops off the host's first CPU
+    (:func:`de_store.tables._locking.on_device`), TensorFlow imported when first used."""
+    from de_store.tables._locking import on_device as locked
+
+    return locked(device)

@@ -17,7 +17,7 @@ import numpy as np
 from de_store.checkpoint.checks import Problem
 from de_store.checkpoint.variable_rows import VALUE_COLUMN, even_sizes
 from de_store.errors import CheckpointCorruptError, RepeatedKeysError
-from de_store.saver._lazy_tf import tf
+from de_store.saver._lazy_tf import on_device, tf
 from de_store.saver.device_restore import DeviceRows, HeldShard, each
 from de_store.saver.rows import (
     RestoredVariable,
@@ -44,7 +44,7 @@ def _has_repeat(rows: DeviceRows, shard: int) -> bool:
     held = rows.shards[shard]
     if held.rows < 2:
         return False
-    with tf.device(rows.plan.devices[shard]):
+    with on_device(rows.plan.devices[shard]):
         return int(tf.size(tf.unique(held.keys).y)) != held.rows
 
 
@@ -71,7 +71,7 @@ def _repeated_in(rows: DeviceRows, shard: int) -> tuple[Problem, int] | None:
     held = rows.shards[shard]
     if held.rows < 2:
         return None
-    with tf.device(rows.plan.devices[shard]):
+    with on_device(rows.plan.devices[shard]):
         unique, _, counts = tf.unique_with_counts(held.keys)
         extra = held.rows - int(tf.size(unique))
         if not extra:
@@ -115,7 +115,7 @@ def _load_shard(targets: dict[str, SavedVariable], shard: int, held: HeldShard, 
     if not held.rows:
         return
     start = 0
-    with tf.device(targets[VALUE_COLUMN].devices[shard]):  # every column's, as companions
+    with on_device(targets[VALUE_COLUMN].devices[shard]):  # every column's, as companions
         for size in even_sizes(held.rows, most):
             keys = _rows_of(held.keys, start, size, held.rows)
             for column, target in targets.items():

@@ -64,7 +64,7 @@ from de_store.formats._stream import check_crc_value, crc32c_combine
 from de_store.formats.base import ShardInfo, location
 from de_store.formats.binary import column_layout
 from de_store.progress import Progress
-from de_store.saver._lazy_tf import tf
+from de_store.saver._lazy_tf import on_device, tf
 from de_store.saver.rows import SavedVariable, io_device, routes_by_hash
 
 if TYPE_CHECKING:
@@ -467,7 +467,7 @@ def _gather(plan: DevicePlan, shard: int, pieces: list[Piece]) -> HeldShard:
     sources = [(piece.path, piece.rows) for piece in pieces]
     if not pieces:
         return HeldShard(None, {}, 0, sources)
-    with tf.device(plan.devices[shard]):
+    with on_device(plan.devices[shard]):
         keys = _concat([piece.keys for piece in pieces])
         columns = {name: _concat([piece.columns[name] for piece in pieces])
                    for name in pieces[0].columns}  # fmt: skip

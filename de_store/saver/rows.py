@@ -35,7 +35,7 @@ from de_store.checkpoint.variable_rows import (
     even_sizes,
 )
 from de_store.errors import CheckpointError
-from de_store.saver._lazy_tf import tf
+from de_store.saver._lazy_tf import on_device, tf
 
 if TYPE_CHECKING:
     from de_store.tables.base import TableCore
@@ -207,7 +207,7 @@ def export_shard(
     shard = variable.shards[index]
     device = variable.devices[index]
     io_device = _IO_DEVICE.get()
-    with tf.device(device):
+    with on_device(device):
         remote = in_remote_scope()
         if io_device is None and not remote:
             pending = _pending(variable, index)
@@ -277,7 +277,7 @@ def export_shard_changes(
     only a slot); only keys still in the value table are kept, with all their columns.
     """
     shard = variable.shards[index]
-    with tf.device(variable.devices[index]):
+    with on_device(variable.devices[index]):
         keys_t, values_t, removed_t = shard.export_changes(since)
         keys, values = to_host(keys_t), to_host(values_t)
         others = [
@@ -544,5 +544,5 @@ def reserve_shard(variable: SavedVariable, index: int, share: int) -> None:
     """Grow table shard ``index`` once for ``share`` rows, where its core can."""
     core = variable.shards[index]
     if hasattr(core, "reserve"):
-        with tf.device(variable.devices[index]):
+        with on_device(variable.devices[index]):
             core.reserve(share)

@@ -45,10 +45,12 @@ T = TypeVar("T")
 #: TensorFlow 2.21 gives such an op, run eagerly on a device other than the host's first
 #: CPU by two threads at once, the other thread's inputs at times (a ``tf.zeros([0])`` came
 #: out with the 32,768 rows another thread asked for; a strided slice, its bounds), and
-#: the tables of a variable sharded over devices run there. Function calls (the traced
-#: kernels) are not affected; code that only needs a tensor of a given shape makes it on
-#: the default device instead.
-EAGER_ON_DEVICE = threading.Lock()
+#: the tables of a variable sharded over devices run there; a variable's eager calls on its
+#: shards' devices hold it too (:func:`on_device`), so a save reading in the background
+#: never runs beside them. Function calls (the traced kernels) are not affected; code
+#: that only needs a tensor of a given shape makes it on the default device instead.
+#: Reentrant: an op-by-op call takes it inside a variable's call.
+EAGER_ON_DEVICE = threading.RLock()
 
 
 def eager_on_device(device: str) -> contextlib.AbstractContextManager[Any]:
@@ -58,6 +60,20 @@ def eager_on_device(device: str) -> contextlib.AbstractContextManager[Any]:
     if spec.device_type in (None, "CPU") and spec.device_index in (None, 0):
         return contextlib.nullcontext()
     return EAGER_ON_DEVICE
+
+
+@contextlib.contextmanager
+def on_device(device: str) -> Iterator[None]:
+    """``tf.device(device)``, holding :data:`EAGER_ON_DEVICE` while executing eagerly off
+    the host's first CPU (:func:`eager_on_device`): the ops a variable runs on one shard's
+    device around the shard's kernels, in the thread that trains, beside a save's reads
+    of a snapshot in the background."""
+    with tf.device(device):
+        if not tf.executing_eagerly():
+            yield
+            return
+        with eager_on_device(device):
+            yield
 
 
 class TableMutex(tf.saved_model.experimental.TrackableResource):
