@@ -183,6 +183,29 @@ def dense_index(tf: Any, keys: int, dim: int) -> float:
     return seconds
 
 
+def dense_fill(tf: Any, keys: int, dim: int) -> float:
+    """Seconds TensorFlow's own hash table (``DenseHashTable``), created empty with its
+    default buckets, takes to insert the benchmark's rows in batches of ``FILL_BATCH``,
+    growing as they come (it doubles its buckets past a load of 0.8): the plainest growing
+    fill of the same rows, its memory from the same allocator (making the rows is not
+    timed)."""
+    table = tf.lookup.experimental.DenseHashTable(
+        tf.int64, tf.float32, tf.zeros([dim]), empty_key=-1, deleted_key=-2
+    )
+    seconds = 0.0
+    for batch_keys, batch_values in rows(keys, dim):
+        batch = tf.constant(batch_keys), tf.constant(batch_values)
+        start = time.perf_counter()
+        table.insert(*batch)
+        seconds += time.perf_counter() - start
+    start = time.perf_counter()
+    held = int(table.size())  # every insert done
+    seconds += time.perf_counter() - start
+    if held != keys:
+        raise AssertionError(f"DenseHashTable holds {held} keys, not {keys}")
+    return seconds
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print a phase's figures for the parent process."""
     print(RESULT_TAG + json.dumps(result), flush=True)
