@@ -48,8 +48,12 @@ def cpu_allocator_keeps_freed() -> bool:
     Read from the allocator's own statistics while a 1 MiB tensor is alive: a BFC
     allocator counts it in use; TensorFlow's plain CPU allocator has no statistics, and
     oneDNN's with ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1`` counts nothing (malloc holds it).
+    Where no tensor can be made at once (a ``tf.compat.v1`` program without eager
+    execution), it answers True: tables there grow as under TensorFlow's default.
     """
     with tf.init_scope(), tf.device("/CPU:0"):
+        if not tf.executing_eagerly():
+            return True
         probe = tf.fill([_PROBE_BYTES // 4], 0.0)
         try:
             in_use = tf.config.experimental.get_memory_info("CPU:0")["current"]

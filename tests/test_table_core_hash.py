@@ -496,19 +496,27 @@ def test_a_gathering_row_store_grows_by_row_growth() -> None:
 
 @pytest.mark.parametrize(
     ("setting", "keeps_freed"),
-    [(None, True), ("TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", False), ("TF_ENABLE_ONEDNN_OPTS=0", False)],
+    [
+        (None, True),
+        ("TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", False),
+        ("TF_ENABLE_ONEDNN_OPTS=0", False),
+        ("TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1 v1-graph", True),
+    ],
 )
 def test_a_table_grows_its_rows_the_way_its_allocator_serves(setting, keeps_freed) -> None:
     """TensorFlow's default CPU allocator on x86 Linux (oneDNN's BFC allocator) keeps the
     memory it frees: tables there grow their row stores by a gather. With the system
-    allocator, or without oneDNN, freed memory goes back to malloc: tables reserve."""
+    allocator, or without oneDNN, freed memory goes back to malloc: tables reserve. A
+    ``tf.compat.v1`` program without eager execution cannot ask: its tables gather."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    setting, _, graph = (setting or "").partition(" ")
     if setting:
         name, value = setting.split("=")
         env[name] = value
     script = (
         "import tensorflow as tf\n"
-        "from de_store import _memory\n"
+        + ("tf.compat.v1.disable_eager_execution()\n" if graph else "")
+        + "from de_store import _memory\n"
         "from de_store.tables import HashTable\n"
         "table = HashTable(tf.int64, tf.float32, 4, name='probe')\n"
         "print(_memory.cpu_allocator_keeps_freed(), table._kernels.config.reserve_rows)\n"
