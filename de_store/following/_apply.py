@@ -35,6 +35,7 @@ from de_store.checkpoint.checks import check_link
 from de_store.checkpoint.variable_rows import VALUE_COLUMN
 from de_store.errors import CheckpointError
 from de_store.following._watch import Link, Update
+from de_store.saver._lazy_tf import on_device
 from de_store.saver.core import IOOptions
 from de_store.saver.rows import load_rows, reserve_shards
 
@@ -231,12 +232,10 @@ def _differing_rows(target: Any, rows: Any) -> Iterator[tuple[np.ndarray, np.nda
 def _stale(target: Any, keys: list[np.ndarray]) -> np.ndarray:
     """The keys the tables hold that are not among ``keys`` (exported one table shard at
     a time, keys only)."""
-    import tensorflow as tf
-
     wanted = np.sort(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
     stale = []
     for core, device in zip(target.shards, target.devices, strict=True):
-        with tf.device(device):
+        with on_device(device):  # beside the serving threads' lookups there
             held = np.asarray(core.export_all()[0])
         found = _as_read(held)
         at = np.minimum(np.searchsorted(wanted, found), max(len(wanted) - 1, 0))
@@ -254,23 +253,23 @@ def _as_read(keys: np.ndarray) -> np.ndarray:
 
 
 def _shard_sizes(target: Any) -> list[int]:
-    import tensorflow as tf
-
     sizes = []
     for core, device in zip(target.shards, target.devices, strict=True):
-        with tf.device(device):
+        with on_device(device):
             sizes.append(int(core.size()))
     return sizes
 
 
 def look_up(variable: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, exists)`` of ``keys`` in ``variable``'s table shards, each shard's part as
-    one operation of that shard (rows of keys not held: whatever the shard returns)."""
+    one operation of that shard (rows of keys not held: whatever the shard returns). On a
+    device other than the host's first CPU, a shard's ops hold the lock that keeps them
+    from running beside another thread's (``de_store.tables._locking.EAGER_ON_DEVICE``)."""
     import tensorflow as tf
 
     key_tensor = tf.constant(keys, variable.key_dtype)
     if len(variable.shards) == 1:
-        with tf.device(variable.devices[0]):
+        with on_device(variable.devices[0]):
             shard_rows, shard_exists = variable.shards[0].lookup(key_tensor)
         return shard_rows.numpy(), shard_exists.numpy()
     rows = np.empty((len(keys), variable.dim), variable.value_dtype.as_numpy_dtype)
@@ -278,7 +277,7 @@ def look_up(variable: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for core, device, (shard_keys, positions) in zip(
         variable.shards, variable.devices, variable.partition(key_tensor), strict=True
     ):
-        with tf.device(device):
+        with on_device(device):
             shard_rows, shard_exists = core.lookup(shard_keys)
         at = positions.numpy()
         rows[at] = shard_rows.numpy()
@@ -342,7 +341,7 @@ def write(
     for core, device, (shard_keys, positions) in zip(
         variable.shards, variable.devices, parts, strict=True
     ):
-        with tf.device(device):
+        with on_device(device):  # beside the serving threads' lookups there
             shard_rows = None if rows is None else tf.gather(rows, positions) if several else rows
             if shard_rows is None:
                 core.remove(shard_keys)
