@@ -20,8 +20,6 @@ import ctypes
 import functools
 from typing import Any
 
-import tensorflow as tf
-
 __all__ = ["cpu_allocator_keeps_freed", "release_freed_memory"]
 
 #: Bytes of the tensor :func:`cpu_allocator_keeps_freed` allocates: past oneDNN's 256 KiB
@@ -50,7 +48,11 @@ def cpu_allocator_keeps_freed() -> bool:
     oneDNN's with ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1`` counts nothing (malloc holds it).
     Where no tensor can be made at once (a ``tf.compat.v1`` program without eager
     execution), it answers True: tables there grow as under TensorFlow's default.
+    TensorFlow is imported here, not with the module: the saver's restore imports this
+    module for :func:`release_freed_memory` in processes that only read rows.
     """
+    import tensorflow as tf
+
     with tf.init_scope(), tf.device("/CPU:0"):
         if not tf.executing_eagerly():
             return True

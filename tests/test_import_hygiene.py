@@ -51,6 +51,13 @@ def test_importing_compact_convert_and_the_test_helpers_loads_neither_tf_nor_pyt
     assert run_fresh([], *modules) == ([], [])
 
 
+def test_the_restore_flow_and_the_memory_helpers_load_no_tensorflow() -> None:
+    """The saver's restore flow imports ``de_store._memory`` for its ``malloc_trim``; it
+    reads rows in numpy and imports TensorFlow on first use, so the module's allocator
+    probe imports TensorFlow only when it is called."""
+    assert run_fresh([], "de_store._memory", "de_store.saver.restore_flow") == ([], [])
+
+
 def test_the_checkpoint_protocol_loads_no_tensorflow_and_imports_nothing_above_it() -> None:
     """``de_store.checkpoint`` (names, manifests, commit, barrier, chains, checks, gc,
     verify) needs no TensorFlow, and reaches no module of the TensorFlow side."""
