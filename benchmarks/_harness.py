@@ -183,6 +183,49 @@ def dense_index(tf: Any, keys: int, dim: int) -> float:
     return seconds
 
 
+def plain_restore(tf: Any, path: str, dim: int) -> dict[str, Any]:
+    """The plainest restore of the rows :func:`raw_write` wrote at ``path``: a thread reads
+    ``path.keys`` and ``path.values`` cold with ``numpy.fromfile``, ``FILL_BATCH`` rows at a
+    time, while this one inserts each batch into a ``DenseHashTable`` sized ahead, as it
+    comes (at most two batches read ahead). On a machine of few cores the two compete for
+    them: the floor a restore that overlaps its reading and its indexing meets there.
+    ``plain_restore_s``, from the table's creation to the last insert done."""
+    import queue
+    import threading
+
+    how = cold_read_setup(path + ".keys")
+    drop_cache(path + ".values")
+    keys = os.path.getsize(path + ".keys") // 8
+    ready: queue.Queue[tuple[np.ndarray, np.ndarray] | BaseException | None] = queue.Queue(2)
+
+    def read() -> None:
+        try:
+            with open(path + ".keys", "rb") as key_file, open(path + ".values", "rb") as values:
+                for start in range(0, keys, FILL_BATCH):
+                    n = min(FILL_BATCH, keys - start)
+                    batch_keys = np.fromfile(key_file, np.int64, n)
+                    batch_values = np.fromfile(values, np.float32, n * dim).reshape(n, dim)
+                    ready.put((batch_keys, batch_values))
+            ready.put(None)
+        except BaseException as error:  # handed to the inserting thread
+            ready.put(error)
+
+    start = time.perf_counter()
+    table = dense_hash_table(tf, keys, dim)
+    reader = threading.Thread(target=read, name="plain-restore-read", daemon=True)
+    reader.start()
+    while (item := ready.get()) is not None:
+        if isinstance(item, BaseException):
+            raise item
+        table.insert(tf.constant(item[0]), tf.constant(item[1]))
+    held = int(table.size())  # every insert done
+    seconds = time.perf_counter() - start
+    reader.join()
+    if held != keys:
+        raise AssertionError(f"DenseHashTable holds {held} keys, not {keys}")
+    return {"plain_restore_s": seconds, "plain_restore_cold": how}
+
+
 def dense_fill(tf: Any, keys: int, dim: int) -> float:
     """Seconds TensorFlow's own hash table (``DenseHashTable``), created empty with its
     default buckets, takes to insert the benchmark's rows in batches of ``FILL_BATCH``,

@@ -31,6 +31,11 @@ Measures, through the user path (``de_store.get_variable`` with a ``FileSystemSa
   ``dense_index_warm_s``: the same in the restore's process after it, where TensorFlow's
   allocator hands out memory the restore touched and freed (faster on this machine, so
   not the restore's reference);
+  ``plain_restore_s``: the plainest restore of the same rows, in a fresh process beside
+  each restore (the faster of two; ``harness.plain_restore``): a thread reads the raw
+  files cold while another inserts each batch into a ``DenseHashTable`` sized ahead. The
+  bound above counts the read as free; on a machine of few cores the two compete, and
+  this is the floor they set a restore there (``ratios.restore_over_plain_restore``);
   ``repeat_check_s``: the check that no key is held twice, which a restore into a
   variable that holds rows makes before emptying it (``format_<name>_restore_s`` restore
   into such a variable: ``ratios`` gives the check's share of the parquet one);
@@ -312,10 +317,17 @@ def phase_raw_read(args: argparse.Namespace) -> None:
 
 
 def phase_dense_index(args: argparse.Namespace) -> None:
-    """The restore's indexing reference in a fresh process (no table before it)."""
+    """The restore's indexing reference in a fresh process (no table before it), and
+    the plainest restore in another one."""
     import tensorflow as tf
 
     emit({"dense_index_s": harness.dense_index(tf, args.keys, args.dim)})
+
+
+def phase_plain_restore(args: argparse.Namespace) -> None:
+    import tensorflow as tf
+
+    emit(harness.plain_restore(tf, os.path.join(args.dir, "raw"), args.dim))
 
 
 # --- driver -----------------------------------------------------------------------------
@@ -356,6 +368,8 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
         # slower of the two (the target: at most 1.2x)
         "restore_over_slower_of_raw_read_and_dense_index": r["restore_s"]
         / max(r["raw_read_s"], r["dense_index_s"]),
+        # the floor on this machine's cores: a thread reading while another indexes
+        "restore_over_plain_restore": r["restore_s"] / r["plain_restore_s"],
         # the same with the index built in the restore's process after it (warm memory)
         "restore_over_slower_of_raw_read_and_warm_dense_index": r["restore_s"]
         / max(r["raw_read_s"], r["dense_index_warm_s"]),
@@ -385,6 +399,7 @@ def main() -> None:
     if args.phase is not None:
         phases = {"save": phase_save, "restore": phase_restore, "raw_read": phase_raw_read}
         phases["dense_index"] = phase_dense_index
+        phases["plain_restore"] = phase_plain_restore
         phases[args.phase](args)
         return
     args.dir = tempfile.mkdtemp(prefix="de_store_ckpt_bench_", dir="/tmp")
@@ -399,9 +414,12 @@ def main() -> None:
         result.update(min(reads, key=lambda r: r["raw_read_s"]))
         restore = run_phase(args, "restore")
         indexes = [run_phase(args, "dense_index")]
+        plains = [run_phase(args, "plain_restore")]
         again = run_phase(args, "restore", formats=[])
         indexes.append(run_phase(args, "dense_index"))
+        plains.append(run_phase(args, "plain_restore"))
         result.update(min(indexes, key=lambda r: r["dense_index_s"]))
+        result.update(min(plains, key=lambda r: r["plain_restore_s"]))
         result["restore_import_tf_s"] = restore.pop("import_tf_s")
         result.update(restore)
         result["restore_s"] = min(restore["restore_s"], again["restore_s"])
