@@ -523,6 +523,8 @@ def draw(result: dict[str, Any], path: str) -> None:
         ("rss_over_table_and_runtime_mb", "-", "C2", "the same - RSS after import"),
         ("rss_added_by_save_mb", "--", "C1", "added by the save"),
         ("restored_rss_over_table_mb", "-.", "C4", "a process that restored it"),
+        # the floor the allocator sets: TensorFlow's own growing table (over its rows)
+        ("dense_fill_rss_over_rows_and_runtime_mb", ":", "C7", "Dense fill - rows - runtime"),
     )
     for dim, marker in markers.items():
         series = sorted((p for p in points if p["dim"] == dim), key=lambda p: p["keys"])
