@@ -317,14 +317,14 @@ def phase_raw_read(args: argparse.Namespace) -> None:
 
 
 def phase_dense_index(args: argparse.Namespace) -> None:
-    """The restore's indexing reference in a fresh process (no table before it), and
-    the plainest restore in another one."""
+    """The restore's indexing reference in a fresh process (no table before it)."""
     import tensorflow as tf
 
     emit({"dense_index_s": harness.dense_index(tf, args.keys, args.dim)})
 
 
 def phase_plain_restore(args: argparse.Namespace) -> None:
+    """The plainest restore of the rows, reading and indexing at once, in a fresh process."""
     import tensorflow as tf
 
     emit(harness.plain_restore(tf, os.path.join(args.dir, "raw"), args.dim))
@@ -397,9 +397,13 @@ def main() -> None:
     parser.add_argument("--save-shards", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase is not None:
-        phases = {"save": phase_save, "restore": phase_restore, "raw_read": phase_raw_read}
-        phases["dense_index"] = phase_dense_index
-        phases["plain_restore"] = phase_plain_restore
+        phases = {
+            "save": phase_save,
+            "restore": phase_restore,
+            "raw_read": phase_raw_read,
+            "dense_index": phase_dense_index,
+            "plain_restore": phase_plain_restore,
+        }
         phases[args.phase](args)
         return
     args.dir = tempfile.mkdtemp(prefix="de_store_ckpt_bench_", dir="/tmp")

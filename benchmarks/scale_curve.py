@@ -435,17 +435,14 @@ def targets(points: list[dict[str, Any]], grown: dict[str, Any]) -> dict[str, An
         out["per_key_growth_met"] = {s: r <= GROWTH_BOUND for s, r in steps.items()}
         # the floor of a fill: TensorFlow's own table, growing in the same memory
         out["dense_fill_per_key_growth"] = ratios["dense_fill"]
-    bound = {
-        label(p["keys"]): round(p["restore_over_slower_of_read_and_dense_load"], 3)
-        for p in sorted(points, key=lambda p: p["keys"])
-        if p["dim"] == dim and p["keys"] >= RESTORE_BOUND_KEYS
-    }
+    bounded = [p for p in points if p["dim"] == dim and p["keys"] >= RESTORE_BOUND_KEYS]
+    bounded.sort(key=lambda p: p["keys"])
+    bound = {label(p["keys"]): round(p["restore_over_slower_of_read_and_dense_load"], 3)
+             for p in bounded}  # fmt: skip
     out["restore_bound"] = bound
     out["restore_bound_met"] = {name: r <= RESTORE_BOUND for name, r in bound.items()}
     out["restore_over_plain_restore"] = {  # the floor on this machine's cores
-        label(p["keys"]): round(p["restore_over_plain_restore"], 3)
-        for p in sorted(points, key=lambda p: p["keys"])
-        if p["dim"] == dim and p["keys"] >= RESTORE_BOUND_KEYS
+        label(p["keys"]): round(p["restore_over_plain_restore"], 3) for p in bounded
     }
     out["rss_over_table_mb"] = round(largest["rss_over_table_mb"], 1)
     out["rss_over_table_and_runtime_mb"] = round(largest["rss_over_table_and_runtime_mb"], 1)
