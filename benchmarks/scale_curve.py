@@ -84,9 +84,10 @@ Usage::
 
 ``--allocator system`` runs every process with ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1``:
 TensorFlow then allocates with malloc and free instead of oneDNN's BFC allocator, which
-keeps the buffers a growing table frees (``allocator`` in the JSON says which ran), and
-tables grow their row stores into unwritten stores sized for their index instead of by a
-gather (``row_growth``, read from the fill process's table).
+keeps the buffers a growing table frees (``allocator`` in the JSON says which ran). A
+table on the CPU grows its row store into unwritten stores under either (``row_growth``,
+read from the fill process's table; docs/architecture.md, *The memory of a growing
+table*).
 
 Prints a table, writes a PNG (per-key seconds of each step and reference against keys, log
 x; peak RSS while saving over the table's bytes, MiB) to ``--plot`` and the JSON beside it
@@ -203,7 +204,7 @@ def phase_fill_save(args: argparse.Namespace) -> None:
     out.update(fill(tf, variable, args))
     out["table_keys"], out["table_bytes"] = int(variable.size()), table_bytes(variable)
     reserves = variable.shards[0]._kernels.config.reserve_rows
-    out["row_growth"] = "reserve" if reserves else "gather"  # by the allocator in use
+    out["row_growth"] = "reserve" if reserves else "gather"  # by the table's device
     checkpoint = tf.train.Checkpoint(embedding=variable)
     out.update(sync_saves(checkpoint, args))
     rss_prefix = os.path.join(args.work, "rss", "ckpt")

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -31,12 +28,12 @@ class TestHashTableUnorderedScatters(TableCoreTests):
         return with_unordered_scatters(HashTable(key_dtype, value_dtype, dim, name=name))
 
 
-class TestHashTableReservedRows(TableCoreTests):
-    """A table whose row store grows into unwritten stores sized for its index, as where
-    TensorFlow's CPU allocator hands freed memory back (the default one keeps it)."""
+class TestHashTableGatheredRows(TableCoreTests):
+    """A table whose row store grows by a gather into a store ``row_growth`` times bigger,
+    as on a GPU (a table on a CPU grows into unwritten stores sized for its index)."""
 
     def make_table(self, key_dtype, value_dtype, dim, name):
-        return with_row_growth(HashTable(key_dtype, value_dtype, dim, name=name), True)
+        return with_row_growth(HashTable(key_dtype, value_dtype, dim, name=name), False)
 
 
 class TestHashTableFixedShapes(TableCoreTests):
@@ -454,12 +451,11 @@ def _rows_held(table: HashTable) -> int:
 
 @pytest.mark.parametrize("row_growth", [1.25, 1.01])
 def test_a_reserving_row_store_grows_with_its_index_and_keeps_every_row(row_growth) -> None:
-    """A table filled batch after batch, whose row store grows into unwritten stores,
-    grows it for every key its index holds, not by ``row_growth`` a time: at most once
-    per capacity of the index. Each growth keeps every row in use, freed rows too, which
+    """A table on a CPU filled batch after batch grows its row store into unwritten
+    stores, for every key its index holds, not by ``row_growth`` a time: at most once per
+    capacity of the index. Each growth keeps every row in use, freed rows too, which
     inserts take first."""
     table = HashTable(tf.int64, tf.float32, 2, name="emb/rows", row_growth=row_growth)
-    table = with_row_growth(table, True)
     keys = np.arange(20_000, dtype=np.int64)
     values = np.stack([keys, -keys], axis=1).astype(np.float32)
     table.insert(keys[:100], values[:100])
@@ -479,7 +475,7 @@ def test_a_reserving_row_store_grows_with_its_index_and_keeps_every_row(row_grow
 
 
 def test_a_gathering_row_store_grows_by_row_growth() -> None:
-    """Under an allocator that keeps freed memory, the row store grows by ``row_growth``
+    """A table that grows its row store by a gather (on a GPU) grows it by ``row_growth``
     times the rows a batch needs, however big the index is."""
     table = with_row_growth(HashTable(tf.int64, tf.float32, 1, name="emb/gather"), False)
     keys = np.arange(5_000, dtype=np.int64)
@@ -492,37 +488,3 @@ def test_a_gathering_row_store_grows_by_row_growth() -> None:
     assert len(growths) > 10
     assert all(rows == math.ceil(needed * 1.25) for needed, rows in growths)
     assert content(table) == {int(k): (float(k),) for k in keys}
-
-
-@pytest.mark.parametrize(
-    ("setting", "keeps_freed"),
-    [
-        (None, True),
-        ("TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1", False),
-        ("TF_ENABLE_ONEDNN_OPTS=0", False),
-        ("TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1 v1-graph", True),
-    ],
-)
-def test_a_table_grows_its_rows_the_way_its_allocator_serves(setting, keeps_freed) -> None:
-    """TensorFlow's default CPU allocator on x86 Linux (oneDNN's BFC allocator) keeps the
-    memory it frees: tables there grow their row stores by a gather. With the system
-    allocator, or without oneDNN, freed memory goes back to malloc: tables reserve. A
-    ``tf.compat.v1`` program without eager execution cannot ask: its tables gather."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
-    setting, _, graph = (setting or "").partition(" ")
-    if setting:
-        name, value = setting.split("=")
-        env[name] = value
-    script = (
-        "import tensorflow as tf\n"
-        + ("tf.compat.v1.disable_eager_execution()\n" if graph else "")
-        + "from de_store import _memory\n"
-        "from de_store.tables import HashTable\n"
-        "table = HashTable(tf.int64, tf.float32, 4, name='probe')\n"
-        "print(_memory.cpu_allocator_keeps_freed(), table._kernels.config.reserve_rows)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == [str(keeps_freed), str(not keeps_freed)]

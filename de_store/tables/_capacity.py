@@ -187,15 +187,16 @@ class CapacityOps(ProbeOps):
         ``headroom``, times what is needed if more: a batch bigger than the headroom then
         does not make the next one grow). Two ways to grow, by ``Config.reserve_rows``:
 
-        - a gather builds the bigger store, its rows past the old end copies of the last
-          one (what an allocator that pools freed buffers serves best: the copies touch
-          the new store's memory once, while the old store is still held);
-        - with ``reserve_rows``, a store left unwritten (``Empty``) takes a copy of the
-          rows in use only, and, with ``headroom``, holds rows for every key the index
-          holds before it grows again (at most twice what is needed, or ``needed +
-          AHEAD_MAX_KEYS`` if more): a table being filled copies its rows about once per
-          growth of its index instead of once per ``row_growth``, and the rows it has
-          not written cost no memory.
+        - with ``reserve_rows`` (a table on a CPU), a store left unwritten (``Empty``)
+          takes a copy of the rows in use only, and, with ``headroom``, holds rows for
+          every key the index holds before it grows again (at most twice what is needed,
+          or ``needed + AHEAD_MAX_KEYS`` if more): a table being filled copies its rows
+          about once per growth of its index instead of once per ``row_growth``, and the
+          pages of the rows it has not written are never touched, so they cost no
+          resident memory;
+        - otherwise (a table on a GPU, where a store costs its whole size in device
+          memory, written or not) a gather builds a store ``row_growth`` times bigger,
+          its rows past the old end copies of the last one.
 
         A row is written (or zeroed, by accum) whenever it is handed out, so what a store
         holds past its rows in use is never read. A store with no row handed out yet (an

@@ -39,8 +39,8 @@ class Config:
     #: table has fails before it writes, instead of growing the variables.
     fixed_shapes: bool = False
     #: How the row store grows (see ``CapacityOps._ensure_rows``): into a store left
-    #: unwritten past the rows in use, sized for the keys the index holds (where freed
-    #: memory goes back to the system), or by a gather (where an allocator keeps it).
+    #: unwritten past the rows in use, sized for the keys the index holds (a table on a
+    #: CPU: unwritten rows cost no resident memory), or by a gather (on a GPU).
     reserve_rows: bool = False
 
 

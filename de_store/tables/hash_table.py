@@ -12,11 +12,11 @@ few capacities, and each capacity costs a rehash and the XLA compiles of the fir
 rounds.
 *Row store*: ``values [rows, dim]`` grown geometrically by ``row_growth`` at least (times
 what a batch needs, when it needs more than that), and ``row_keys [rows]``, the key of each
-row, written with it. Where TensorFlow's CPU allocator hands freed memory back (see
-``_memory.cpu_allocator_keeps_freed``), a growth copies only the rows in use into a store
-left unwritten past them and sized for every key the index holds, so a table being filled
-copies its rows about once per capacity of its index; under an allocator that keeps what
-it frees, a gather builds each bigger store. Rows freed by ``remove`` go on a free list
+row, written with it. On a CPU a growth copies only the rows in use into a store left
+unwritten past them and sized for every key the index holds, so a table being filled
+copies its rows about once per capacity of its index, and the rows not yet written cost
+no resident memory; on a GPU a gather builds each bigger store (docs/architecture.md,
+*The memory of a growing table*). Rows freed by ``remove`` go on a free list
 (``free_rows``) and are reused first. While no row is free, the store's first rows are
 exactly the live ones: a save writes them as the store holds them (``snapshot``), and
 ``export_changes`` reads the keys of the rows stamped after a mark, neither scanning the
@@ -108,7 +108,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from de_store import _memory
 from de_store.errors import RepeatedKeysError
 from de_store.tables import (
     _change_tracking,
@@ -263,8 +262,8 @@ class HashTable(TableCore):
             rows,
             serial_scatter=self._on_host,  # TensorFlow's CPU scatter is serial
             fixed_shapes=self.fixed_shapes,
-            # where the CPU allocator hands freed stores back, grow into unwritten ones
-            reserve_rows=self._on_host and not _memory.cpu_allocator_keeps_freed(),
+            # on a CPU, grow into unwritten stores: their unwritten rows cost no memory
+            reserve_rows=self._on_host,
         )
 
     # -- contract ----------------------------------------------------------------------

@@ -15,10 +15,9 @@ def with_unordered_scatters(table: HashTable) -> HashTable:
 
 
 def with_row_growth(table: HashTable, reserve: bool) -> HashTable:
-    """Make ``table`` grow its row store the way a process whose CPU allocator hands freed
-    memory back does (``reserve``: into unwritten stores sized for its index) or the way
-    one whose allocator keeps it does (a gather), whichever this process's allocator is,
-    so tests cover both (``Config.reserve_rows``)."""
+    """Make ``table`` grow its row store the way a table on a CPU does (``reserve``: into
+    unwritten stores sized for its index) or the way one on a GPU does (a gather), so
+    tests on a CPU cover both (``Config.reserve_rows``)."""
     return _with_config(table, reserve_rows=reserve)
 
 
