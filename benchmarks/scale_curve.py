@@ -268,10 +268,7 @@ def phase_restore(args: argparse.Namespace) -> None:
     prefix = os.path.join(args.work, "sync", "ckpt")
     out["restore_s"], _ = harness.timed(lambda: checkpoint.read(prefix))
     out["restored_keys"] = int(variable.size())
-    keys, values = harness.sample_rows(args.keys, args.dim)
-    found, exists = variable.lookup(tf.constant(keys), return_exists=True)
-    out["verified"] = bool(exists.numpy().all()) and bool((found.numpy() == values).all())
-    if args.first:
+    if args.first:  # the memory of the restore and a save, before the rows are verified
         out["peak_rss_restore_bytes"] = PeakRss._high_water_mark()  # the process's so far
         save_prefix = os.path.join(args.work, "restored", "ckpt")
         with PeakRss() as rss:  # a save by a process that restored the table, not timed
@@ -279,6 +276,10 @@ def phase_restore(args: argparse.Namespace) -> None:
             checkpoint.write(save_prefix)
         out["restored_peak_rss_save_bytes"] = rss.peak
         shutil.rmtree(os.path.dirname(save_prefix))
+    keys, values = harness.sample_rows(args.keys, args.dim)
+    found, exists = variable.lookup(tf.constant(keys), return_exists=True)
+    out["verified"] = bool(exists.numpy().all()) and bool((found.numpy() == values).all())
+    if args.first:
         # last: the memory tf.fill touches and frees stays in TensorFlow's allocator
         out["memory_floor_s"] = harness.memory_first_touch(tf, table_bytes(variable))
         out["memory_floor_bytes"] = table_bytes(variable)
