@@ -184,7 +184,7 @@ def test_a_trained_model_saved_as_saved_model_loads_and_predicts_the_same(
         ds.enable_train_mode()
     served = tf.saved_model.load(str(tmp_path / "export"))
     out = served.signatures["serving_default"](tf.constant(ids))
-    np.testing.assert_array_equal(next(iter(out.values())), expected)
+    assert_served_as_predicted(next(iter(out.values())), expected)
     clear(model)
     loaded = keras.models.load_model(str(tmp_path / "saved"))
     assert {layer.name: tables(layer) for layer in de_store_layers(loaded)} == held
@@ -262,6 +262,15 @@ def test_fit_evaluate_predict_and_the_checkpoint_callbacks(tmp_path: Path) -> No
     np.testing.assert_array_equal(model.predict(clicks()[0][:8], verbose=0), at_stop)
 
 
+def assert_served_as_predicted(served: Any, predicted: np.ndarray) -> None:
+    """A served signature's outputs against ``Model.predict``'s: the rows looked up are
+    the same, but the exported graph and Keras' predict function run the dense layers as
+    different TensorFlow graphs, whose CPU kernels can round the last bit apart (seen on
+    an AMD EPYC machine: 1 ulp, relative 1e-7; the tables themselves are compared
+    exactly in the tests that load them)."""
+    np.testing.assert_allclose(np.asarray(served), predicted, rtol=1e-6, atol=0)
+
+
 def test_tfra_export_serves_without_de_store(tmp_path: Path) -> None:
     """TFRA's export: inference mode, then ``tf.saved_model.save`` of the model."""
     model = three_layer_model("export")
@@ -279,7 +288,7 @@ def test_tfra_export_serves_without_de_store(tmp_path: Path) -> None:
         text=True,
     )
     assert served.returncode == 0, served.stderr[-3000:]
-    np.testing.assert_array_equal(json.loads(served.stdout.splitlines()[-1]), expected)
+    assert_served_as_predicted(json.loads(served.stdout.splitlines()[-1]), expected)
 
 
 def test_the_keras_2_example_of_docs_keras_md_runs(
