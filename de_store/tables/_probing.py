@@ -235,33 +235,31 @@ class ProbeOps:
         Keys race for empty slots with their row ids; every loser moves on. Returns how many
         keys broke the precondition (present already, or repeated in ``keys``: the slot
         they lost, or passed, holds their own key); those are not placed. Big batches start
-        with :meth:`_first_race`, like big inserts.
+        with :meth:`_first_race`, like big inserts, and the probe loop takes the keys it
+        left; small ones go to the probe loop from their home slots. The loop is traced
+        once, after the branch: a restore traces its bulk load in a new process before its
+        first rows load.
         """
-        return tf.cond(
-            _count(keys) >= COMPILED_MIN_KEYS,
-            lambda: self._place_compiled(keys, rows),
-            lambda: self.place_from_home(keys, rows),
-        )
+
+        def raced() -> tuple[tf.Tensor, ...]:
+            _, _, start, counts = self._first_race(keys, rows)
+            left = tf.where(start >= 0)[:, 0]
+            return (*(tf.gather(x, left) for x in (keys, rows, start)), counts[1])
+
+        def from_home() -> tuple[tf.Tensor, ...]:
+            home = home_slots(keys, variable_length(self.t.index) - 1)
+            return keys, rows, home, tf.constant(0, tf.int64)
+
+        *left, repeated = tf.cond(_count(keys) >= COMPILED_MIN_KEYS, raced, from_home)
+        return repeated + self._place_loop(*left)
 
     def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """:meth:`place` in the probe loop only, from each key's home slot: the rehash of
         every kernel but a growing insert's (see
         :meth:`~._capacity.CapacityOps.rehash`), and a fixed-shape table's placing. The
-        loop keeps the compiled race out of those kernels, so they trace faster: a
-        restore traces its bulk load in a new process before its first rows load."""
+        loop keeps the compiled race out of those kernels, so they trace faster."""
         home = home_slots(keys, variable_length(self.t.index) - 1)
         return self._place_loop(keys, rows, home)
-
-    def _place_compiled(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-        """:meth:`_first_race` with the rows as tokens, then the loop for the keys
-        left."""
-        _, _, start, counts = self._first_race(keys, rows)
-        left = tf.where(start >= 0)[:, 0]
-        return counts[1] + tf.cond(
-            _count(left) > 0,
-            lambda: self._place_loop(*(tf.gather(x, left) for x in (keys, rows, start))),
-            lambda: tf.constant(0, tf.int64),
-        )
 
     def _place_loop(self, keys: tf.Tensor, rows: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
         """The probe loop of :meth:`place`, from the slots ``start``."""
