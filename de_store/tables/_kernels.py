@@ -101,7 +101,7 @@ class Kernels:
         traced and written there on its first use on a machine), without Grappler (see
         :func:`~._locking.unoptimized_calls`); inside a caller's ``tf.function`` the
         shared function is called as a function (one call op, inlined by TensorFlow when
-        the graph runs), so that
+        the graph runs, but for a fixed-shape table's: see :meth:`_function`), so that
         the lock is taken and released as in an eager call (see :mod:`._locking`). In a
         ``tf.compat.v1`` graph, a kernel without outputs returns the operations its call
         added, grouped: what ``Session.run`` fetches to run it.
@@ -301,7 +301,16 @@ class Kernels:
         # each kernel is counted under its own object.
         own = functools.partial(kernel)
         own.__name__ = name  # type: ignore[attr-defined]
-        return tf.function(own, autograph=False, input_signature=signature)
+        # A fixed-shape table's kernels (a table on a parameter server) are called from the
+        # steps a ClusterCoordinator sends to its workers, which optimize and instantiate a
+        # step function anew after the tables grew. Not inlined, each kernel is a function
+        # of its own, optimized and instantiated once: inlined, Grappler went over every
+        # kernel again with each step function (most of a two-worker fit's first epoch in
+        # tests/distribute/test_ps_tfra.py).
+        attributes = {"_noinline": True} if self.config.fixed_shapes else None
+        return tf.function(
+            own, autograph=False, input_signature=signature, experimental_attributes=attributes
+        )
 
     def _variable_specs(self) -> list[tf.TensorSpec]:
         rows = tf.TensorSpec([None, self.config.dim], self.config.dtype)
