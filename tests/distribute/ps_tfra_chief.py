@@ -250,13 +250,13 @@ class ReportAtEnd(tf.keras.callbacks.Callback):
     devices. Nothing the tests read comes after it: the checkpoints were committed at the
     epochs' ends."""
 
-    def __init__(self, out: str, history: Any, growths: Growths) -> None:
+    def __init__(self, out: str, growths: Growths) -> None:
         super().__init__()
-        self.out, self.history, self.growths = out, history, growths
+        self.out, self.growths = out, growths
 
     def on_train_end(self, logs: Any = None) -> None:
         report = {
-            "loss": self.history.history["loss"],
+            "loss": self.model.history.history["loss"],  # fit's History, set at epoch end
             "tables": tables(self.model),
             "grown": self.growths.grown,
         }
@@ -274,10 +274,9 @@ def fit(out: str, directory: str, steps: int) -> None:
     logging.getLogger("de_store").setLevel(logging.INFO)
     _, model = ps_model()
     save = tf.keras.callbacks.ModelCheckpoint(directory + "/ckpt-{epoch}", save_weights_only=True)
-    history = tf.keras.callbacks.History()
-    report = ReportAtEnd(out, history, growths)
     data = tf.keras.utils.experimental.DatasetCreator(ratings)
-    model.fit(data, epochs=2, steps_per_epoch=steps, callbacks=[save, history, report], verbose=0)
+    callbacks = [save, ReportAtEnd(out, growths)]
+    model.fit(data, epochs=2, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
 
 
 def restore(out: str, directory: str) -> None:
