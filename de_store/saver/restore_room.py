@@ -63,16 +63,19 @@ def _prepare_shard(table: SavedVariable, shard: int, share: int, batch_rows: int
 
     That first call readies the load's kernel: read from the kernel cache or traced (in
     a new container, Python for tenths of a second), then instantiated on the device. It
-    needs the growth done only to run, after both, so the two overlap.
+    needs the growth done only to run, after both, so the two overlap. The compile goes
+    first: it traces what it compiles before it starts (:func:`~de_store.tables._xla.prepare_at`),
+    and the kernel's trace then finds that part traced; the compile, the longest of the
+    three in a new process, runs beside the kernel's trace and the growth.
     """
     # The shard's core directly: the variable's methods take its lock, which would
     # prepare the shards one after the other.
     core = table.shards[shard]
+    if hasattr(core, "compile_load"):  # at the capacity the growth makes, from now on
+        with tf.device(table.devices[shard]):
+            core.compile_load(batch_rows, room_for=share)
     with ThreadPoolExecutor(1, thread_name_prefix="de_store-load-kernel") as helper:
         ready = helper.submit(_load_nothing, table, shard)
-        if hasattr(core, "compile_load"):  # at the capacity the growth makes, from now on
-            with tf.device(table.devices[shard]):
-                core.compile_load(batch_rows, room_for=share)
         reserve_shard(table, shard, share)
         ready.result()
 

@@ -12,8 +12,8 @@ An eager bulk call (a big insert, lookup or a restore's load, run op by op by
 :func:`runner` once) instead of calling the compiled function:
 when this process has compiled the shape, the compiled function runs; otherwise the same
 rounds run as TensorFlow ops (:data:`~._index.plain`: the same results, a few times
-slower a key), and one background thread compiles the shape by calling the compiled
-function on a stand-in index of the same shape and dtype on the same device (a variable
+slower a key), and one background thread compiles the shape (the function traced first,
+in the caller's thread) by calling the compiled function on a stand-in index of the same shape and dtype on the same device (a variable
 holding uninitialised memory and no row of any table, with no key taking part: the probes
 read it, nothing is written). Later calls of the shape run compiled once that is done.
 The stand-in's memory is only reserved: the rounds read the slots of a few padding keys.
@@ -51,6 +51,7 @@ _compiled: set[Hashable] = set()
 _pending: dict[Hashable, concurrent.futures.Future[None]] = {}
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _callables: dict[Hashable, Any] = {}
+_tracing = threading.Lock()
 
 
 def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
@@ -106,7 +107,10 @@ def prepare(function: Any, index: tf.Variable, *args: tf.Tensor) -> None:
 
 def prepare_at(function: Any, index: tf.Variable, capacity: int, *args: tf.Tensor) -> None:
     """:func:`prepare` for ``index`` once it holds ``capacity`` slots (a restore, before
-    it grows the index: the compile and the growth overlap)."""
+    it grows the index: the compile and the growth overlap).
+
+    A restore calls this before it readies the load's kernel, whose trace calls
+    ``function`` and finds it traced (see :func:`_start`)."""
     signature = _signature(function, index, args, capacity)
     if signature not in _compiled:
         _start(signature, function, index.device, index.dtype, args)
@@ -135,7 +139,13 @@ def wait_for_compiles() -> None:
 def _start(
     signature: Hashable, function: Any, device: str, dtype: tf.DType, args: tuple[Any, ...]
 ) -> None:
+    """Have the background thread compile ``signature``, ``function`` traced first in the
+    calling thread (a tenth of a second, once a process): traced in the background, it
+    would hold the interpreter lock that the caller's next steps need (the plain rounds'
+    ops, one by one; a restore's trace of the load's kernel), and the compile would start
+    only after that contended trace."""
     global _pool
+    _as_cached(function)
     with _lock:
         if signature in _pending or signature in _compiled:
             return
@@ -181,7 +191,12 @@ def _as_cached(function: Any) -> Any:
     key = (function, _kernel_cache.cache_dir())
     with _lock:
         known = _callables.get(key)
-    if known is None:
+    if known is not None:
+        return known
+    with _tracing:  # traced once: threads preparing a restore's shards ask together
+        known = _callables.get(key)
+        if known is not None:
+            return known
         # Called from a traced function, as the kernels call it: XLA's key of an eager
         # call holds the call options too, that of a call in a graph does not.
         def in_graph(*args: tf.Tensor) -> Any:
