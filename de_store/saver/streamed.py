@@ -53,7 +53,10 @@ def load_while_reading(
 ) -> bool:
     """Load the ``rows`` rows of ``entry`` (shard files under ``folder``) into the empty
     ``variable`` while they are read; ``ready()`` returns once its tables were grown
-    (``restore_room.grow_for_restore``), the reading starts before.
+    (``restore_room.grow_for_restore``), and the reading starts then, when the first rows
+    are asked for: its threads (drawing, decoding and checking parts in Python) would
+    share the interpreter with the traces of the load's kernels in a new process, and
+    delay them more than the read takes.
 
     Returns False, the variable emptied again, when anything failed (the error is not
     raised: the caller reads the link the other way, which retries or reports it).
