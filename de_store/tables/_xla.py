@@ -9,18 +9,19 @@ are in.
 
 An eager bulk call (a big insert, lookup or a restore's load, run op by op by
 :class:`~._kernels.Kernels`) asks :func:`call` (or, for a race run chunk after chunk,
-:func:`runner` once) instead of calling the compiled function:
-when this process has compiled the shape, the compiled function runs; otherwise the same
-rounds run as TensorFlow ops (:data:`~._index.plain`: the same results, a few times
-slower a key), and one background thread compiles the shape (the function traced first,
-in the caller's thread) by calling the compiled function on a stand-in index of the same shape and dtype on the same device (a variable
-holding uninitialised memory and no row of any table, with no key taking part: the probes
-read it, nothing is written). Later calls of the shape run compiled once that is done.
-The stand-in's memory is only reserved: the rounds read the slots of a few padding keys.
-The compiled functions are called by the names the cached kernels call them
-(:func:`~._kernel_cache.as_cached`), from a traced function as the kernels call them:
-XLA keys its compiles by function name and call options (which calls from a graph do not
-have), so that one compile serves the eager calls and the traced kernels.
+:func:`runner` once) instead of calling the compiled function: when this process has
+compiled the shape, the compiled function runs; otherwise the same rounds run as
+TensorFlow ops (:data:`~._index.plain`: the same results, a few times slower a key), and
+one background thread compiles the shape (the function traced first, in the caller's
+thread) by calling the compiled function on a stand-in index of the same shape and dtype
+on the same device (a variable holding uninitialised memory and no row of any table, with
+no key taking part: the probes read it, nothing is written). Later calls of the shape run
+compiled once that is done. The stand-in's memory is only reserved: the rounds read the
+slots of a few padding keys. The compiled functions are called by the names the cached
+kernels call them (:func:`~._kernel_cache.as_cached`), from a traced function as the
+kernels call them: XLA keys its compiles by function name and call options (which calls
+from a graph do not have), so that one compile serves the eager calls and the traced
+kernels.
 
 Inside a ``tf.function`` (a traced kernel), the compiled functions are called directly,
 as XLA requires of a graph: nothing here is asked.
@@ -197,6 +198,7 @@ def _as_cached(function: Any) -> Any:
         known = _callables.get(key)
         if known is not None:
             return known
+
         # Called from a traced function, as the kernels call it: XLA's key of an eager
         # call holds the call options too, that of a call in a graph does not.
         def in_graph(*args: tf.Tensor) -> Any:
