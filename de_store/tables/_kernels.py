@@ -84,6 +84,7 @@ class Kernels:
         self._traces: dict[str, Future[Any]] = {}
         self._op_by_op_s: dict[str, float] = {}  # time spent in op-by-op calls, by kernel
         self._missed: set[str] = set()  # not in the kernel cache when first asked
+        self._inlined: dict[str, Any] = {}  # for tf.compat.v1 graphs (:meth:`_in_graph`)
         names = ["lookup", "insert", "load_distinct", "load_prepared", "accum_insert"]
         names += ["accum_existing", "remove"]
         names += ["clear", "prepare", "export_all", "export_changes", "forget_removed", "size"]
@@ -131,7 +132,19 @@ class Kernels:
         if tf.executing_eagerly():
             with unoptimized_calls():
                 return self._eager(name)(mutex, *handles, *args)
-        return with_graph_op(lambda: getattr(self, name)(mutex, handles, *args))
+        return with_graph_op(lambda: self._in_graph(name)(mutex, handles, *args))
+
+    def _in_graph(self, name: str) -> tf.types.experimental.PolymorphicFunction:
+        """Kernel ``name`` as a graph calls it: a function of its own (see
+        :meth:`_function`), but in a ``tf.compat.v1`` graph, where it is inlined: the
+        session's runtime refuses the compiled probe rounds' calls in the kernel's loops
+        when the kernel runs as a function ("inputs from different frames")."""
+        if tf.compat.v1.executing_eagerly_outside_functions() or self.config.fixed_shapes:
+            return getattr(self, name)
+        with self._made:
+            if name not in self._inlined:
+                self._inlined[name] = self._function(name, inline=True)
+        return self._inlined[name]
 
     def _runs_op_by_op(self, name: str, state: State, args: tuple[Any, ...]) -> bool:
         """Whether an eager call runs its ops one by one: a bulk call (see
@@ -261,7 +274,9 @@ class Kernels:
 
         return call
 
-    def _function(self, name: str) -> tf.types.experimental.PolymorphicFunction:
+    def _function(
+        self, name: str, inline: bool = False
+    ) -> tf.types.experimental.PolymorphicFunction:
         # The variables come in as resource handles (plain tensor inputs, so one trace
         # serves every table); a function given variables would capture the first ones.
         def kernel(mutex: tf.Tensor, handles: tuple[tf.Tensor, ...], *args: tf.Tensor) -> object:
@@ -301,13 +316,14 @@ class Kernels:
         # each kernel is counted under its own object.
         own = functools.partial(kernel)
         own.__name__ = name  # type: ignore[attr-defined]
-        # A fixed-shape table's kernels (a table on a parameter server) are called from the
-        # steps a ClusterCoordinator sends to its workers, which optimize and instantiate a
-        # step function anew after the tables grew. Not inlined, each kernel is a function
-        # of its own, optimized and instantiated once: inlined, Grappler went over every
-        # kernel again with each step function (most of a two-worker fit's first epoch in
-        # tests/distribute/test_ps_tfra.py).
-        attributes = {"_noinline": True} if self.config.fixed_shapes else None
+        # A kernel is not inlined into the functions that call it: each is a function of
+        # its own, optimized and instantiated once per process, where Grappler went over
+        # every kernel again with each caller inlining it (an optimizer step of
+        # tests/compat/test_compat_optimizers.py first ran in 3.1-3.8 s inlined, 1.2-1.3
+        # s not; a ClusterCoordinator's workers optimize a step function anew after the
+        # tables of a parameter server grew: most of a two-worker fit's first epoch in
+        # tests/distribute/test_ps_tfra.py, inlined).
+        attributes = None if inline else {"_noinline": True}
         return tf.function(
             own, autograph=False, input_signature=signature, experimental_attributes=attributes
         )
