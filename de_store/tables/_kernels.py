@@ -101,11 +101,11 @@ class Kernels:
         Eagerly the kernel runs as the kernel cache holds it (:mod:`._kernel_cache`:
         traced and written there on its first use on a machine), without Grappler (see
         :func:`~._locking.unoptimized_calls`); inside a caller's ``tf.function`` the
-        shared function is called as a function (one call op, inlined by TensorFlow when
-        the graph runs, but for a fixed-shape table's: see :meth:`_function`), so that
-        the lock is taken and released as in an eager call (see :mod:`._locking`). In a
-        ``tf.compat.v1`` graph, a kernel without outputs returns the operations its call
-        added, grouped: what ``Session.run`` fetches to run it.
+        shared function is called as a function (one call op, not inlined and not
+        optimized: see :meth:`_function`), so that the lock is taken and released as in an
+        eager call (see :mod:`._locking`). In a ``tf.compat.v1`` graph, the call is
+        inlined (:meth:`_in_graph`), and a kernel without outputs returns the operations
+        its call added, grouped: what ``Session.run`` fetches to run it.
         """
         # A growth frees the index or row store it replaced, and the buffers of its steps:
         # where TensorFlow allocates with malloc, freed pages in malloc's arenas stay in
@@ -132,7 +132,8 @@ class Kernels:
         if tf.executing_eagerly():
             with unoptimized_calls():
                 return self._eager(name)(mutex, *handles, *args)
-        return with_graph_op(lambda: self._in_graph(name)(mutex, handles, *args))
+        with unoptimized_calls():  # the call op in the caller's graph carries it
+            return with_graph_op(lambda: self._in_graph(name)(mutex, handles, *args))
 
     def _in_graph(self, name: str) -> tf.types.experimental.PolymorphicFunction:
         """Kernel ``name`` as a graph calls it: a function of its own (see
@@ -316,13 +317,11 @@ class Kernels:
         # each kernel is counted under its own object.
         own = functools.partial(kernel)
         own.__name__ = name  # type: ignore[attr-defined]
-        # A kernel is not inlined into the functions that call it: each is a function of
-        # its own, optimized and instantiated once per process, where Grappler went over
-        # every kernel again with each caller inlining it (an optimizer step of
-        # tests/compat/test_compat_optimizers.py first ran in 3.1-3.8 s inlined, 1.2-1.3
-        # s not; a ClusterCoordinator's workers optimize a step function anew after the
-        # tables of a parameter server grew: most of a two-worker fit's first epoch in
-        # tests/distribute/test_ps_tfra.py, inlined).
+        # Inside a caller's function a kernel is a function of its own (not inlined), and
+        # its call op carries Grappler's "off" (:meth:`_dispatch`): a caller's function,
+        # each time it is traced (a new step function, or one a ClusterCoordinator's worker
+        # optimizes anew after a parameter server's tables grew), would otherwise have
+        # Grappler go over the nodes of every kernel it calls (an insert's: some 1,600).
         attributes = None if inline else {"_noinline": True}
         return tf.function(
             own, autograph=False, input_signature=signature, experimental_attributes=attributes

@@ -162,15 +162,15 @@ def with_graph_op(call: Callable[[], Any]) -> Any:
 
 @contextlib.contextmanager
 def unoptimized_calls() -> Iterator[None]:
-    """Eager function calls on this thread skip Grappler while in this block.
+    """Function calls made on this thread skip Grappler while in this block: eager calls,
+    and the call ops added to a graph being built (their ``config_proto``).
 
     A kernel's graph is built from few, fused ops with nothing for Grappler to fold or
     prune, yet optimizing its ~1,300 nodes is a large part of what its first call costs
     in a process, when TensorFlow instantiates it (docs/benchmarks.md, Costs behind the
-    code).
+    code), and again for each caller's function that calls it.
     The options are thread-local (TensorFlow's own ``function_executor_type`` sets them
-    the same way): calls of the user's functions, and the kernels when a user's
-    ``tf.function`` calls them (optimized with the caller's graph), are left as they are.
+    the same way): calls of the user's functions are left as they are.
     """
     ctx = context.context()
     before = ctx.function_call_options
