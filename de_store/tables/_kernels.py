@@ -129,10 +129,9 @@ class Kernels:
             finally:
                 self._ran_op_by_op(name, time.perf_counter() - began)
         handles = tuple(v.handle for v in state)
-        if tf.executing_eagerly():
-            with unoptimized_calls():
+        with unoptimized_calls():  # in a graph being built, its call op carries them
+            if tf.executing_eagerly():
                 return self._eager(name)(mutex, *handles, *args)
-        with unoptimized_calls():  # the call op in the caller's graph carries it
             return with_graph_op(lambda: self._in_graph(name)(mutex, handles, *args))
 
     def _in_graph(self, name: str) -> tf.types.experimental.PolymorphicFunction:
