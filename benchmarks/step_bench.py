@@ -96,21 +96,13 @@ def main() -> None:
         for name in ("first_s", "step_ms"):
             result[f"{side}_{name}"] = statistics.median(f[name] for f in figures)
             result[f"{side}_{name}_all"] = [round(f[name], 4) for f in figures]
-    result["first_de_store_over_dense"] = round(
-        result["de_store_first_s"] / result["dense_first_s"], 3
-    )
-    result["step_de_store_over_dense"] = round(
-        result["de_store_step_ms"] / result["dense_step_ms"], 3
-    )
     print(f"{args.ids} ids x dim {args.dim}, median of {args.rounds} rounds")
-    print(
-        f"first call: de_store {result['de_store_first_s']:.2f} s, dense "
-        f"{result['dense_first_s']:.2f} s ({result['first_de_store_over_dense']:.2f}x)"
-    )
-    print(
-        f"later step: de_store {result['de_store_step_ms']:.2f} ms, dense "
-        f"{result['dense_step_ms']:.2f} ms ({result['step_de_store_over_dense']:.2f}x)"
-    )
+    for name, label, unit in (("first_s", "first call", "s"), ("step_ms", "later step", "ms")):
+        ratio = result[f"{name.split('_')[0]}_de_store_over_dense"] = round(
+            result[f"de_store_{name}"] / result[f"dense_{name}"], 3
+        )
+        print(f"{label}: de_store {result[f'de_store_{name}']:.2f} {unit}, "
+              f"dense {result[f'dense_{name}']:.2f} {unit} ({ratio:.2f}x)")  # fmt: skip
     print(json.dumps(result), flush=True)
 
 
