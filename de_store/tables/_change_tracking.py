@@ -12,7 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from de_store.tables._types import FindsRows, View
-from de_store.tables._variables import count, push
+from de_store.tables._variables import count, push, read_shared
 
 #: Row stamps (the epoch of a row's last write) are 4 bytes a row: uint32 has GPU
 #: gathers and scatters, int32 does not.
@@ -53,8 +53,13 @@ class TrackingOps:
         t = self.t
         # The rows handed out and stamped after ``since`` (one pass over 4 bytes a row),
         # each with the key written with it: a freed row's stamp is cleared, so every
-        # stamped row is live (see ``unstamp``).
-        stamps = tf.gather(t.stamps, tf.range(t.next_row.read_value()))
+        # stamped row is live (see ``unstamp``). The stamps are read in place and sliced
+        # to the rows handed out: a gather of every row by index would first write an index
+        # of 8 bytes a row and a copy of the stamps. The slice is of their bits as float32
+        # (a copy of the bits; Slice has no GPU kernel for uint32).
+        handed_out = tf.reshape(t.next_row.read_value(), [1])
+        bits = tf.bitcast(read_shared(t.stamps), tf.float32)
+        stamps = tf.bitcast(tf.slice(bits, tf.zeros([1], tf.int64), handed_out), STAMP_DTYPE)
         dirty = tf.where(stamps > tf.cast(since, STAMP_DTYPE))[:, 0]
         changed = tf.stack([tf.gather(t.row_keys, dirty), dirty], 1)
         logged = tf.range(t.num_removed.read_value())

@@ -56,6 +56,11 @@ OP_BY_OP_UNTIL_COMPILED = frozenset(["insert", "accum_insert"])
 #: Seconds of op-by-op calls of a kernel in a process after which its trace starts in the
 #: background (:meth:`Kernels._trace_behind`).
 TRACE_AFTER_S = 2.0
+#: Kernels traced in the background after their first op-by-op call: an incremental
+#: save's export, called once a save, whose probe of the removed keys runs its loop from
+#: Python op by op, several times the traced kernel's time. The trace, written to the
+#: kernel cache, serves the process's later saves and every later process's.
+TRACE_AT_ONCE = frozenset(["export_changes"])
 #: Kernels whose eager calls always run op by op, never traced: a restore's sizing, and its
 #: start of the load's XLA compile, which must not wait for it (:mod:`._xla`).
 OP_BY_OP_ALWAYS = frozenset(["prepare", "compile_load"])
@@ -175,7 +180,8 @@ class Kernels:
 
     def _ran_op_by_op(self, name: str, seconds: float) -> None:
         """Count ``seconds`` of an op-by-op call of kernel ``name``; past
-        :data:`TRACE_AFTER_S` in all, trace it in the background (:meth:`_trace_behind`).
+        :data:`TRACE_AFTER_S` in all (a kernel of :data:`TRACE_AT_ONCE`: after its first
+        call), trace it in the background (:meth:`_trace_behind`).
 
         A trace costs its process tenths of a second of Python (an insert's: some 1,600
         nodes), most of it holding the interpreter lock that the eager calls need between
@@ -187,7 +193,7 @@ class Kernels:
         (``benchmarks/tfra_bench.py`` times a fill in new processes)."""
         with self._tracing:
             spent = self._op_by_op_s[name] = self._op_by_op_s.get(name, 0.0) + seconds
-        if spent >= TRACE_AFTER_S and name not in self._eager_calls:
+        if (spent >= TRACE_AFTER_S or name in TRACE_AT_ONCE) and name not in self._eager_calls:
             self._trace_behind(name)
 
     def _op_by_op(self, name: str, mutex: tf.Tensor, state: State, args: tuple[Any, ...]) -> Any:
