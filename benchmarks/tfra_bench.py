@@ -15,7 +15,13 @@ the page cache was dropped:
   modules are imported on first use: the phase asks for the ones it uses here);
 * ``de_store_memory_floor_s``: in de_store's restore process, after the restore,
   ``tf.fill`` allocating and first touching as many bytes as the restored table holds:
-  with ``raw_read_s``, the floor this machine sets a fresh-process restore.
+  with ``raw_read_s``, the floor this machine's disk and memory set a fresh-process
+  restore;
+* ``plain_restore_s``: the plainest restore of the same rows, in a fresh process of
+  de_store's interpreter (TensorFlow only): a thread reads raw files of the rows cold
+  while the other inserts each batch into a ``DenseHashTable`` sized ahead
+  (``_harness.plain_restore``). The floor a restore meets on this machine's cores, where
+  the reading and the indexing compete for them.
 
 de_store keeps its traced kernels in a cache directory (see ``de_store._cache``). In
 every round de_store's side runs twice: first with that directory emptied,
@@ -35,8 +41,8 @@ References on the same bytes (``N * 8`` key bytes + ``N * dim * 4`` value bytes)
 best of the rounds after the first: ``raw_write_fsync_s`` (``numpy.tofile`` + fsync), the
 faster of ``{side}_raw_write_fsync_s``, measured in each side's fill process right before
 its save, the files deleted before the save (so that the raw write and the save each find
-free the page cache the other just used); ``raw_read_s`` (``numpy.fromfile``, cold),
-measured in every round before the sides. ``cold_reads`` says
+free the page cache the other just used); ``raw_read_s`` (``numpy.fromfile``, cold)
+and ``plain_restore_s`` (above), measured in every round before the sides. ``cold_reads`` says
 how the page cache was emptied: ``drop_caches`` (the whole cache, as root) or
 ``posix_fadvise`` (each file evicted).
 
@@ -174,13 +180,24 @@ def run_side(args: argparse.Namespace, side: str, cache_empty: bool = False) -> 
 
 
 def raw_read_reference(args: argparse.Namespace) -> dict[str, Any]:
-    """``raw_read_s`` of the same bytes, written (not timed) and read cold in every round
+    """``raw_read_s`` and ``plain_restore_s`` of the same bytes, written (not timed), then
+    read cold in this process and restored the plainest way in a fresh one, in every round
     beside the sides (the disk of a shared machine changes speed from minute to minute)."""
     raw = os.path.join(args.dir, "raw")
     harness.raw_write(raw, args.keys, args.dim)
-    out = harness.raw_read(raw, args.dim)
-    harness.remove_raw(raw)
+    try:
+        out = harness.raw_read(raw, args.dim)
+        options = ["--keys", str(args.keys), "--dim", str(args.dim), "--dir", args.dir]
+        out.update(harness.run_phase(__file__, "plain_restore", options))
+    finally:
+        harness.remove_raw(raw)
     return out
+
+
+def phase_plain_restore(args: argparse.Namespace) -> None:
+    import tensorflow as tf
+
+    harness.emit(harness.plain_restore(tf, os.path.join(args.dir, "raw"), args.dim))
 
 
 def best_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -229,6 +246,8 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
     )
     out["tfra_save_over_raw_write"] = r["tfra_save_s"] / r["raw_write_fsync_s"]
     out["tfra_restore_over_raw_read"] = r["tfra_restore_s"] / r["raw_read_s"]
+    for name in ("de_store_restore", "de_store_restore_cold_cache", "tfra_restore"):
+        out[f"{name}_over_plain_restore"] = r[f"{name}_s"] / r["plain_restore_s"]
     return {k: round(v, 3) for k, v in out.items()}
 
 
@@ -243,6 +262,7 @@ def print_figures(r: dict[str, Any]) -> None:
         label = f"{step}, cache empty"
         print(f"{label:<20}{tfra:>10.2f}{cold:>10.2f}{tfra / cold:>7.2f}x")
     print(f"raw write + fsync {r['raw_write_fsync_s']:.2f}, raw cold read {r['raw_read_s']:.2f}")
+    print(f"plainest restore (cold read + DenseHashTable inserts) {r['plain_restore_s']:.2f}")
 
 
 def main() -> None:
@@ -256,7 +276,9 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase is not None:
-        {"fill_save": phase_fill_save, "restore": phase_restore}[args.phase](args)
+        phases = {"fill_save": phase_fill_save, "restore": phase_restore}
+        phases["plain_restore"] = phase_plain_restore
+        phases[args.phase](args)
         return
     if not args.tfra_python:
         parser.error("--tfra-python is required: the interpreter of a venv holding TFRA 0.8.1")
