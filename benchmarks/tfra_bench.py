@@ -276,8 +276,11 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase is not None:
-        phases = {"fill_save": phase_fill_save, "restore": phase_restore}
-        phases["plain_restore"] = phase_plain_restore
+        phases = {
+            "fill_save": phase_fill_save,
+            "restore": phase_restore,
+            "plain_restore": phase_plain_restore,
+        }
         phases[args.phase](args)
         return
     if not args.tfra_python:
