@@ -94,6 +94,57 @@ def test_a_later_process_runs_the_cached_kernels_with_the_same_results(tmp_path,
     assert "Error parsing" not in second_log
 
 
+# Big eager upserts: their races run as TensorFlow ops while XLA compiles them in the
+# background, then compiled (``de_store.tables._xla``), the compiled function read from
+# the cache or traced and written there.
+BULK = textwrap.dedent(
+    """
+    import json, logging, sys
+    import numpy as np
+    import tensorflow as tf
+    from de_store.tables import HashTable, _xla
+
+    logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s")
+    logging.getLogger("de_store").setLevel(logging.DEBUG)
+    table = HashTable(key_dtype=tf.int64, dim=2, value_dtype=tf.float32)
+    keys = np.arange(200_000, dtype=np.int64) * 7919 - 10**9
+    values = np.stack([keys % 1000, keys % 7], axis=1).astype(np.float32)
+    for part in (slice(0, 100_000), slice(100_000, None)):
+        table.insert(tf.constant(keys[part]), tf.constant(values[part]))
+        _xla.wait_for_compiles()  # the second batch races compiled
+    found, exists = table.lookup(tf.constant(keys))
+    print(json.dumps({
+        "size": int(table.size()),
+        "all_found": bool(np.all(exists.numpy())),
+        "equal": bool(np.array_equal(found.numpy(), values)),
+    }))
+    """
+)
+
+
+def test_a_later_process_reads_the_compiled_races_instead_of_tracing_them(tmp_path):
+    script = tmp_path / "bulk.py"
+    script.write_text(BULK)
+    env = {**os.environ, "DE_STORE_CACHE_DIR": str(tmp_path / "cache")}
+    logs, results = [], []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        logs.append([line for line in done.stderr.splitlines() if "kernel compiled" in line])
+    assert results[0] == results[1] == {"size": 200_000, "all_found": True, "equal": True}
+    traced = sorted(line.split(" traced and written")[0] for line in logs[0])
+    loaded = sorted(line.split(" loaded from ")[0] for line in logs[1])
+    compiled = [  # the race of inserts, the first probes of lookups
+        "kernel compiled de_store.tables._index._race_from [('serial', True)]",
+        "kernel compiled de_store.tables._index.first_probes []",
+    ]
+    assert traced == loaded == compiled
+    assert all(" loaded from " in line for line in logs[1])
+
+
 def test_a_damaged_entry_is_traced_again_and_rewritten(tmp_path):
     cache = tmp_path / "cache"
     expected, _ = _run(tmp_path, str(cache))

@@ -5,8 +5,10 @@ by every process that fills or restores a table (docs/benchmarks.md, Costs behin
 A kernel traced once is written here as its function library (the ``FunctionDef`` s of the
 kernel and of every function it calls); a later process with the same TensorFlow, the same
 table code and the same config adds those definitions to its context and calls the kernel
-by name, eagerly, as TensorFlow calls any traced function. Calls made while tracing a
-caller's ``tf.function`` are not served from here: they need the traced function.
+by name, eagerly, as TensorFlow calls any traced function. The compiled probe rounds
+that eager bulk calls run (:mod:`._xla`) are entries of their own (:func:`as_cached`).
+Calls made while tracing a caller's ``tf.function`` are not served from here: they need
+the traced function.
 
 An entry's name is a digest of everything its graph depends on: TensorFlow's version, the
 source of :mod:`de_store.tables` and the config. Its functions are renamed after their
@@ -70,14 +72,15 @@ def _code_digest() -> str:
     return digest.hexdigest()
 
 
-def _entry_key(config: Config, name: str) -> str:
+def _entry_key(config: Config | None, name: str) -> str:
     text = f"{_code_digest()}|{config!r}|{name}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def store(config: Config, name: str, concrete: Any) -> Callable[..., Any] | None:
+def store(config: Config | None, name: str, concrete: Any) -> Callable[..., Any] | None:
     """Write the traced kernel ``concrete`` (a ``ConcreteFunction``) as the entry of
-    ``(config, name)`` and return it as :func:`load` would (its functions renamed), or
+    ``(config, name)`` (``config`` ``None``: a function of no config, see
+    :func:`as_cached`) and return it as :func:`load` would (its functions renamed), or
     ``None`` when the cache is off or the kernel captures tensors. A directory that cannot
     be written is logged at DEBUG; the kernel is returned all the same."""
     root = _kernel_dir()
@@ -133,19 +136,27 @@ def _by_content(concrete: Any) -> tuple[function_pb2.FunctionDefLibrary, str, in
     return library, main, count, outputs
 
 
-def as_cached(function: Any) -> Callable[..., Any]:
+def as_cached(function: Any, name: str) -> Callable[..., Any]:
     """``function`` (a ``tf.function`` with an input signature, called eagerly) as the
     kernels of the cache call it: renamed after its content. XLA keys its compiles by
     function name, so a compiled function called this way and from a cached kernel is
-    compiled once for both. With the cache off, ``function`` itself (the kernels call it
-    by its own name then)."""
+    compiled once for both. Its functions are an entry of their own, ``name`` (unique
+    among such functions, the same in every process): read from the cache when it holds
+    them, else traced and written there. With the cache off, ``function`` itself (the
+    kernels call it by its own name then)."""
     if _kernel_dir() is None:
         return function  # type: ignore[no-any-return]
-    library, main, count, outputs = _by_content(function.get_concrete_function())
-    return _called_by_name(library, main, count, outputs)
+    known = load(None, name)
+    if known is not None:
+        return known
+    concrete = function.get_concrete_function()
+    stored = store(None, name, concrete)
+    if stored is not None:
+        return stored
+    return _called_by_name(*_by_content(concrete))  # not storable (see store)
 
 
-def load(config: Config, name: str) -> Callable[..., Any] | None:
+def load(config: Config | None, name: str) -> Callable[..., Any] | None:
     """The cached kernel of ``(config, name)`` as an eager callable taking the kernel's
     flat inputs, or ``None`` when there is no valid entry."""
     root = _kernel_dir()

@@ -12,10 +12,11 @@ An eager bulk call (a big insert, lookup or a restore's load, run op by op by
 :func:`runner` once) instead of calling the compiled function: when this process has
 compiled the shape, the compiled function runs; otherwise the same rounds run as
 TensorFlow ops (:data:`~._index.plain`: the same results, a few times slower a key), and
-one background thread compiles the shape (the function traced first, in the caller's
-thread) by calling the compiled function on a stand-in index of the same shape and dtype
-on the same device (a variable holding uninitialised memory and no row of any table, with
-no key taking part: the probes read it, nothing is written). Later calls of the shape run
+one background thread compiles the shape (the function read from the kernel cache, or
+traced first, in the caller's thread) by calling the compiled function on a stand-in
+index of the same shape and dtype on the same device (a variable holding uninitialised
+memory and no row of any table, with no key taking part: the probes read it, nothing is
+written). Later calls of the shape run
 compiled once that is done. The stand-in's memory is only reserved: the rounds read the
 slots of a few padding keys. The compiled functions are called by the names the cached
 kernels call them (:func:`~._kernel_cache.as_cached`), from a traced function as the
@@ -140,8 +141,9 @@ def wait_for_compiles() -> None:
 def _start(
     signature: Hashable, function: Any, device: str, dtype: tf.DType, args: tuple[Any, ...]
 ) -> None:
-    """Have the background thread compile ``signature``, ``function`` traced first in the
-    calling thread (a tenth of a second, once a process): traced in the background, it
+    """Have the background thread compile ``signature``, ``function`` read from the kernel
+    cache or traced first in the calling thread (a tenth of a second, once a process and
+    machine): traced in the background, it
     would hold the interpreter lock that the caller's next steps need (the plain rounds'
     ops, one by one; a restore's trace of the load's kernel), and the compile would start
     only after that contended trace."""
@@ -205,10 +207,19 @@ def _as_cached(function: Any) -> Any:
             return function(*args)
 
         wrapper = tf.function(in_graph, input_signature=function.input_signature, autograph=False)
-        known = _kernel_cache.as_cached(wrapper)
+        known = _kernel_cache.as_cached(wrapper, _name_of(function))
         with _lock:
             _callables[key] = known
     return known
+
+
+def _name_of(function: Any) -> str:
+    """The name every process gives compiled ``function`` in the kernel cache: that of its
+    Python function and of the arguments bound to it (``race_from``'s ``serial``)."""
+    python = function.python_function
+    base = getattr(python, "func", python)
+    bound = sorted(getattr(python, "keywords", {}).items())
+    return f"compiled {base.__module__}.{base.__qualname__} {bound}"
 
 
 def _zeros(spec: tf.TensorSpec) -> tf.Tensor:
