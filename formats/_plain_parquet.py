@@ -14,8 +14,13 @@ file is the one Arrow writes in every respect a reader sees: the same Parquet sc
 :func:`supports` says which schemas it takes: integer keys and float32/float64/int32/int64
 value and extra columns, all non-null. The others (string keys, 8- and 16-bit values)
 go through Arrow's writer. With ``compression="zstd"`` each page (its levels and values)
-is compressed whole with Arrow's zstd codec, as Arrow's writer compresses a page; the
-levels cost no more than uncompressed, so the codec is all a compressed save adds.
+is compressed with Arrow's zstd codec; the levels cost no more than uncompressed, so the
+codec is all a compressed save adds. The codec runs in background threads, beside the
+writes: :meth:`PlainParquetWriter.prepare` starts compressing a batch's pages before its
+turn comes (the format prepares the next parts while it writes one), each page as
+frames compressed side by side, one after the other in the page (the levels, then the
+values in frames of at least :data:`FRAME_BYTES`): a zstd stream may hold several
+frames, and every zstd decoder (Arrow's, DuckDB's) reads them as one.
 """
 
 from __future__ import annotations
@@ -23,12 +28,16 @@ from __future__ import annotations
 import base64
 import functools
 import math
+import os
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+
+from ._stream import LazyPool
 
 #: Largest data page written; a bigger row group gets several pages (of whole rows).
 PAGE_BYTES = 64 << 20
@@ -43,6 +52,11 @@ _REQUIRED, _REPEATED = 0, 2
 _CONVERTED_LIST = 3
 _PLAIN, _RLE = 0, 3
 _DATA_PAGE = 0
+#: Uncompressed bytes of a page compressed as one zstd frame, at least: a bigger page is
+#: cut into as many frames as threads compress them (:data:`_CODEC_THREADS`).
+FRAME_BYTES = 1 << 20
+#: Threads compressing pages: one a core, at most 4.
+_CODEC_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: Codecs this writer and reader handle -> Parquet's CompressionCodec.
 CODECS = {"none": 0, "zstd": 6}
 _CODEC_NAMES = {"UNCOMPRESSED": "none", "ZSTD": "zstd"}
@@ -175,6 +189,35 @@ def _raw_values(array: pa.Array) -> memoryview:
     return memoryview(array.to_numpy(zero_copy_only=True)).cast("B")
 
 
+def _pages(column: pa.Array) -> list[tuple[int, bytes, memoryview]]:
+    """The data pages of ``column`` in one row group: ``(rows, levels, values' bytes)``,
+    one a :data:`PAGE_BYTES` of whole rows (one page for an empty column)."""
+    width = column.type.list_size if pa.types.is_fixed_size_list(column.type) else None
+    data = _raw_values(column)
+    row_bytes = data.nbytes // max(len(column), 1)
+    rows_per_page = max(1, PAGE_BYTES // max(row_bytes, 1))
+    pages = []
+    for first in range(0, len(column), rows_per_page) or range(1):
+        rows = min(rows_per_page, len(column) - first)
+        levels = _levels(rows, width) if width is not None else b""
+        pages.append((rows, levels, data[first * row_bytes : (first + rows) * row_bytes]))
+    return pages
+
+
+_CODEC_POOL = LazyPool(_CODEC_THREADS, "de_store-codec")
+
+
+def _compress_frames(codec: Any, levels: bytes, body: memoryview) -> list[Future[bytes]]:
+    """The page ``levels + body`` being compressed by the codec threads: the levels, then
+    the values cut into frames of :data:`FRAME_BYTES` or more, as many as threads."""
+    frames = max(1, min(_CODEC_THREADS, body.nbytes // FRAME_BYTES))
+    step = -(-body.nbytes // frames) if body.nbytes else 1
+    pieces: list[Any] = [levels] if levels else []
+    pieces += [body[i : i + step] for i in range(0, body.nbytes, step)] or [body]
+    # Arrow's codec lets go of the interpreter lock while it compresses.
+    return [_CODEC_POOL.submit(codec.compress, piece, asbytes=True) for piece in pieces]
+
+
 def _page_header(size: int, values: int, compressed: int | None = None) -> bytes:
     data_page = _struct(
         (1, _I32, _int(values)),
@@ -228,6 +271,8 @@ class PlainParquetWriter:
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self._column_meta = [self._column_meta_head(field) for field in schema]
+        # Batches being compressed ahead (:meth:`prepare`), by id: the batch and its frames.
+        self._prepared: dict[int, tuple[pa.RecordBatch, list[list[list[Future[bytes]]]]]] = {}
         self._write(MAGIC)
         self._flush()
 
@@ -248,35 +293,51 @@ class PlainParquetWriter:
             self._sink.write(pending[0] if len(pending) == 1 else b"".join(pending))
             self._pending, self._pending_bytes = [], 0
 
+    def prepare(self, batch: pa.RecordBatch) -> None:
+        """Start compressing the pages of ``batch`` in the background, for the
+        :meth:`write_batch` of it that comes later (nothing to do uncompressed)."""
+        if self._codec is not None and id(batch) not in self._prepared:
+            # The batch is held until written: its id stays its own.
+            self._prepared[id(batch)] = (batch, self._compress_pages(batch))
+
     def write_batch(self, batch: pa.RecordBatch, row_group_size: int | None = None) -> None:
         """Write ``batch`` as one row group (``row_group_size`` is ignored: one per batch)."""
+        packed: list[list[list[Future[bytes]]]] | None = None
+        if self._codec is not None:
+            _, packed = self._prepared.pop(id(batch), (None, None))
+            if packed is None:
+                packed = self._compress_pages(batch)
         chunks = [
-            self._write_column(field, column)
-            for field, column in zip(self._schema, batch.columns, strict=True)
+            self._write_column(field, column, None if packed is None else packed[j])
+            for j, (field, column) in enumerate(zip(self._schema, batch.columns, strict=True))
         ]
         self._flush()
         self._row_groups.append((batch.num_rows, chunks))
 
-    def _write_column(self, field: pa.Field, column: pa.Array) -> _Chunk:
+    def _compress_pages(self, batch: pa.RecordBatch) -> list[list[list[Future[bytes]]]]:
+        """For each column of ``batch``, for each of its pages, the frames being compressed."""
+        return [
+            [_compress_frames(self._codec, levels, body) for _, levels, body in _pages(column)]
+            for column in batch.columns
+        ]
+
+    def _write_column(
+        self, field: pa.Field, column: pa.Array, packed: list[list[Future[bytes]]] | None
+    ) -> _Chunk:
         width = column.type.list_size if pa.types.is_fixed_size_list(column.type) else None
-        data = _raw_values(column)
-        row_bytes = data.nbytes // max(len(column), 1)
-        rows_per_page = max(1, PAGE_BYTES // max(row_bytes, 1))
         start, uncompressed = self._position, 0
-        for first in range(0, len(column), rows_per_page) or range(1):
-            rows = min(rows_per_page, len(column) - first)
-            levels = _levels(rows, width) if width is not None else b""
-            body = data[first * row_bytes : (first + rows) * row_bytes]
+        for page, (rows, levels, body) in enumerate(_pages(column)):
             size = len(levels) + body.nbytes
-            if self._codec is None:
+            if packed is None:
                 header = _page_header(size, rows * (width or 1))
                 self._write(header + levels)
                 self._write(body)
             else:
-                packed = self._codec.compress(levels + body if levels else body, asbytes=True)
-                header = _page_header(size, rows * (width or 1), len(packed))
+                frames = [frame.result() for frame in packed[page]]
+                header = _page_header(size, rows * (width or 1), sum(map(len, frames)))
                 self._write(header)
-                self._write(packed)
+                for frame in frames:
+                    self._write(frame)
             uncompressed += len(header) + size
         stats = _min_max(column) if field.name in self._statistics and len(column) else None
         values = len(column) * (width or 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -41,19 +42,43 @@ def write_parts(
     schema: pa.Schema,
     buffer_size: int,
     where: str,
+    prepare: Callable[[pa.RecordBatch], None] | None = None,
 ) -> list[PartInfo]:
-    """Split each batch at ``buffer_size`` rows, write each piece as a part, describe them."""
+    """Split each batch at ``buffer_size`` rows, write each piece as a part, describe them.
+
+    ``prepare``, when given, is called with each piece :data:`PREPARE_AHEAD` parts before
+    it is written (a writer starting work in the background, such as compression)."""
     if buffer_size < 1:
         raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
     parts: list[PartInfo] = []
     row_offset = 0
-    for batch in batches:
-        for piece in split(_conformed(batch, schema, where), buffer_size):
-            ranges = write_part(piece)
-            low, high = _key_range(piece.column(0))
-            parts.append(PartInfo(piece.num_rows, row_offset, low, high, ranges))
-            row_offset += piece.num_rows
+    pieces = (
+        piece for batch in batches for piece in split(_conformed(batch, schema, where), buffer_size)
+    )
+    for piece in pieces if prepare is None else _prepared_ahead(pieces, prepare):
+        ranges = write_part(piece)
+        low, high = _key_range(piece.column(0))
+        parts.append(PartInfo(piece.num_rows, row_offset, low, high, ranges))
+        row_offset += piece.num_rows
     return parts
+
+
+#: Parts a writer's ``prepare`` sees before the one being written (see write_parts).
+PREPARE_AHEAD = 2
+
+
+def _prepared_ahead(
+    pieces: Iterator[pa.RecordBatch], prepare: Callable[[pa.RecordBatch], None]
+) -> Iterator[pa.RecordBatch]:
+    """``pieces``, each passed to ``prepare`` :data:`PREPARE_AHEAD` pieces before its turn
+    (and the first ones at once)."""
+    waiting: collections.deque[pa.RecordBatch] = collections.deque()
+    for piece in pieces:
+        prepare(piece)
+        waiting.append(piece)
+        if len(waiting) > PREPARE_AHEAD:
+            yield waiting.popleft()
+    yield from waiting
 
 
 def _conformed(batch: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBatch:

@@ -119,7 +119,8 @@ class ParquetFormat(ShardFormat):
                 return (sink.cut(),)
 
             try:
-                parts = write_parts(write_part, batches, schema, buffer_size, where)
+                prepare = writer.prepare if isinstance(writer, PlainParquetWriter) else None
+                parts = write_parts(write_part, batches, schema, buffer_size, where, prepare)
             finally:
                 writer.close()
         files = [FileInfo(path, sink.position, sink.crc32c)]

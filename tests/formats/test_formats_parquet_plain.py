@@ -226,3 +226,67 @@ def test_zstd_shards_are_written_and_decoded_here(tmp_path, monkeypatch):
     monkeypatch.setattr("de_store.formats.parquet.pq.ParquetFile", no_arrow_reader)
     got_keys, got_values, extras = _read_back(tmp_path, info, buffer_size=300)
     assert same(got_keys, keys) and same(got_values, values) and same(extras["freq"], freq)
+
+
+def test_zstd_pages_in_several_frames_read_as_one_by_every_reader(tmp_path, monkeypatch):
+    """A big page is compressed in frames side by side; Arrow, DuckDB and de_store read
+    the frames of a page as one stream."""
+    import duckdb
+
+    monkeypatch.setattr(_plain_parquet, "FRAME_BYTES", 1000)
+    monkeypatch.setattr(_plain_parquet, "_CODEC_THREADS", 3)
+    keys, values = make_keys(2000, "int64"), make_values(2000, 8, "float32")
+    info, ours, reference = write_both(
+        tmp_path, SchemaInfo("emb", 8), [batch_from_numpy(keys, values)], 700, compression="zstd"
+    )
+    assert_same_file_view(ours, reference)
+    chunk = pq.ParquetFile(ours).metadata.row_group(0).column(1)  # 700 rows x 8 values
+    data = ours.read_bytes()[chunk.data_page_offset :][: chunk.total_compressed_size]
+    assert data.count(b"\x28\xb5\x2f\xfd") >= 4  # zstd's frame magic: levels and 3 parts
+
+    rows = duckdb.sql(f"SELECT key, value FROM read_parquet('{ours}')").fetchall()
+    assert [row[0] for row in rows] == keys.tolist()
+    assert same(np.array([row[1] for row in rows], np.float32), values)
+    got_keys, got_values, _ = _read_back(tmp_path, info)
+    assert same(got_keys, keys) and same(got_values, values)
+
+
+FORKED = """
+import os, sys, time
+import numpy as np
+from de_store.backends import open_backend
+from de_store.formats import SchemaInfo, batch_from_numpy, get_format
+
+def write(name):
+    keys = np.arange(50_000, dtype=np.int64)
+    values = np.ones((50_000, 8), np.float32)
+    fmt = get_format("parquet", compression="zstd")
+    fmt.write(open_backend(sys.argv[1]), name, [batch_from_numpy(keys, values)],
+              schema_info=SchemaInfo("emb", 8), buffer_size=10_000)
+
+write("parent.parquet")  # the codec and crc32c threads run in the parent
+child = os.fork()
+if child == 0:
+    write("child.parquet")
+    os._exit(0)
+for _ in range(600):  # a minute
+    done, status = os.waitpid(child, os.WNOHANG)
+    if done:
+        sys.exit(os.waitstatus_to_exitcode(status))
+    time.sleep(0.1)
+os.kill(child, 9)
+sys.exit("the forked child's write never finished")
+"""
+
+
+def test_a_forked_child_writes_compressed_shards(tmp_path):
+    """Thread pools inherited through fork have no threads: the child makes its own."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = pq.read_table(tmp_path / "child.parquet")
+    assert table.column("key").to_pylist() == list(range(50_000))
