@@ -10,7 +10,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables import _xla
-from de_store.tables._index import CHUNK, load_race_args, plain, race_from
+from de_store.tables._index import CHUNK, load_race_args, plain, positions, race_from
 from de_store.tables._types import View
 from de_store.tables._variables import count as _count
 
@@ -56,23 +56,21 @@ def race_chunks(
     ``start``."""
     if tf.executing_eagerly():
         return _race_chunks_eagerly(t, keys, tokens, start)
+    # Each column padded to whole chunks and seen as rows of a chunk, which the loop
+    # gathers: a strided slice of tensor bounds is several nodes, and a kernel's trace
+    # costs about the same time for each node.
     n = _count(keys)
-    chunks = tf.cast((n + CHUNK - 1) // CHUNK, tf.int32)
-    pad = tf.zeros(tf.reshape(tf.cast(chunks, tf.int64) * CHUNK - n, [1]), tf.int64)
-    keys, tokens, start = (tf.concat([x, pad], 0) for x in (keys, tokens, start))
+    chunk = tf.constant(CHUNK, tf.int64)
+    chunks = tf.cast((n + chunk - 1) // chunk, tf.int32)
+    pad = tf.zeros(tf.reshape(tf.cast(chunks, tf.int64) * chunk - n, [1]), tf.int64)
+    by_chunk = [tf.reshape(tf.concat([x, pad], 0), [-1, CHUNK]) for x in (keys, tokens, start)]
     race = race_from[t.serial_scatter]
     outs = [tf.TensorArray(tf.int64, size=chunks, element_shape=[CHUNK]) for _ in range(3)]
 
     def body(j: tf.Tensor, counts: tf.Tensor, *outs: tf.TensorArray) -> tuple[Any, ...]:
-        at = tf.cast(j, tf.int64) * CHUNK
-        *got, more = _xla.call(
-            race,
-            t.index,
-            keys[at : at + CHUNK],
-            tokens[at : at + CHUNK],
-            tf.minimum(n - at, CHUNK),
-            start[at : at + CHUNK],
-        )
+        ks, tk, st = (tf.gather(x, j) for x in by_chunk)
+        left = tf.minimum(n - tf.cast(j, tf.int64) * chunk, chunk)
+        *got, more = _xla.call(race, t.index, ks, tk, left, st)
         written = (out.write(j, x) for out, x in zip(outs, got, strict=True))
         return (j + 1, counts + more, *written)
 
@@ -83,7 +81,8 @@ def race_chunks(
         (tf.constant(0), tf.zeros([2], tf.int64), *outs),
         parallel_iterations=1,
     )
-    return (*(out.concat()[:n] for out in loop[2:]), loop[1])
+    first = tf.zeros([1], tf.int64), tf.reshape(n, [1])
+    return (*(tf.slice(out.concat(), *first) for out in loop[2:]), loop[1])
 
 
 def _race_chunks_eagerly(
@@ -126,11 +125,11 @@ def claim_loop(
 
     def body(step, idx, ks, tk, pos, found, found_at):
         rows, slots, going_on, _ = race_chunks(t, ks, tk, pos)
-        done_at = tf.where(going_on < 0)[:, 0]
+        done_at = positions(going_on < 0)
         found = found.write(step, tf.gather(idx, done_at))
         at = [tf.gather(slots, done_at), tf.gather(rows, done_at)]
         found_at = found_at.write(step, tf.stack(at, axis=1))
-        keep = tf.where(going_on >= 0)[:, 0]
+        keep = positions(going_on >= 0)
         kept = [tf.gather(x, keep) for x in (idx, ks, tk, going_on)]
         return (step + 1, *kept, found, found_at)
 

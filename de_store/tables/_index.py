@@ -67,13 +67,28 @@ def next_slots(pos: tf.Tensor, keys: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
 
 def hash_keys(keys: tf.Tensor) -> tf.Tensor:
     """A 64-bit finalizer (murmur3 fmix64) on int64 keys; shifts masked to be logical."""
-    x = tf.bitwise.bitwise_xor(
-        keys, tf.bitwise.bitwise_and(tf.bitwise.right_shift(keys, 33), _LOW31)
-    )
-    x = x * _MIX1
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, 33), _LOW31))
-    x = x * _MIX2
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, 33), _LOW31))
+    # Each constant made once: in a trace, every Python number an op takes is a node.
+    shift, low31 = tf.constant(33, tf.int64), tf.constant(_LOW31, tf.int64)
+
+    def fold(x: tf.Tensor) -> tf.Tensor:
+        high = tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, shift), low31)
+        return tf.bitwise.bitwise_xor(x, high)
+
+    return fold(fold(fold(keys) * _MIX1) * _MIX2)
+
+
+def positions(mask: tf.Tensor) -> tf.Tensor:
+    """The positions where the 1-D ``mask`` is true, in order (int64).
+
+    ``tf.where(mask)[:, 0]`` in fewer nodes: a traced kernel costs its trace about the same
+    time for each node, and a strided slice is four (the slice and its three bounds)."""
+    return tf.reshape(tf.where(mask), [-1])
+
+
+def slot_rows(index: tf.Variable | tf.Tensor, slots: tf.Tensor) -> tf.Tensor:
+    """The row column of the index entries at ``slots`` (see :func:`positions` for why
+    not ``tf.gather(index, slots)[:, 1]``)."""
+    return tf.unstack(tf.gather(index, slots), num=2, axis=1)[1]
 
 
 def find_in(index: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
@@ -176,18 +191,22 @@ def _probe_rounds(
     home slot where it is negative, or where ``start`` is not given)."""
     mask = variable_length(index) - 1
     pos = home_slots(keys, mask)
+    # Each constant and the keys' probe step made once, not once a round: a trace makes
+    # a node of every Python number an op takes, and of every strided slice's bounds.
+    zero, empty = tf.constant(0, tf.int64), tf.constant(EMPTY, tf.int64)
     if start is not None:
-        pos = tf.where(start >= 0, start, pos)
-    rows = tf.fill(tf.shape(keys), tf.constant(EMPTY, tf.int64))
+        pos = tf.where(start >= zero, start, pos)
+    rows = tf.fill(tf.shape(keys), empty)
     stop = tf.fill(tf.shape(keys), tf.constant(-1, tf.int64))
+    step = probe_step(keys)
     for _ in range(rounds):
-        entry = tf.gather(index, pos)
-        hit = tf.logical_and(entry[:, 1] >= 0, tf.equal(entry[:, 0], keys))
-        now = tf.logical_and(stop < 0, tf.logical_or(hit, tf.equal(entry[:, 1], EMPTY)))
-        rows = tf.where(tf.logical_and(now, hit), entry[:, 1], rows)
+        held, row = tf.unstack(tf.gather(index, pos), num=2, axis=1)
+        hit = tf.logical_and(row >= zero, tf.equal(held, keys))
+        now = tf.logical_and(stop < zero, tf.logical_or(hit, tf.equal(row, empty)))
+        rows = tf.where(tf.logical_and(now, hit), row, rows)
         stop = tf.where(now, pos, stop)
         # A key resolved reads slot 0 in the rounds left, which stays in cache.
-        pos = tf.where(stop >= 0, tf.constant(0, tf.int64), next_slots(pos, keys, mask))
+        pos = tf.where(stop >= zero, zero, tf.bitwise.bitwise_and(pos + step, mask))
     return rows, stop, pos
 
 
@@ -222,27 +241,29 @@ def _race_from(
     index = handle_variable(index_handle, tf.TensorSpec([None, 2], tf.int64))
     rows, stop, pos = _probe_rounds(index, keys, start, rounds or CHUNK_ROUNDS)
     capacity = variable_length(index)
+    zero, none = tf.constant(0, tf.int64), tf.constant(-1, tf.int64)  # made once (see above)
     real = tf.range(tf.size(keys, out_type=tf.int64)) < count
-    claim = tf.logical_and(real, tf.logical_and(stop >= 0, rows < 0))
+    stopped = stop >= zero
+    claim = tf.logical_and(real, tf.logical_and(stopped, rows < zero))
     entries = tf.stack([keys, tokens], 1)
 
     def write(writers: tf.Tensor) -> None:
         if compiled:
             index.scatter_update(tf.IndexedSlices(entries, tf.where(writers, stop, capacity)))
         else:
-            at = tf.where(writers)[:, 0]
+            at = tf.reshape(tf.where(writers), [-1])
             index.scatter_update(tf.IndexedSlices(tf.gather(entries, at), tf.gather(stop, at)))
 
     write(claim)
-    seen = tf.gather(index, tf.where(claim, stop, 0))[:, 1]
+    _, seen = tf.unstack(tf.gather(index, tf.where(claim, stop, zero)), num=2, axis=1)
     won = tf.logical_and(claim, tf.equal(seen, tokens))
     if not serial:
         write(won)
-    found = tf.logical_and(real, rows >= 0)
+    found = tf.logical_and(real, rows >= zero)
     resolved = tf.logical_or(tf.logical_or(found, won), tf.logical_not(real))
-    start = tf.where(resolved, tf.constant(-1, tf.int64), tf.where(stop >= 0, stop, pos))
+    start = tf.where(resolved, none, tf.where(stopped, stop, pos))
     counts = tf.stack([tf.reduce_sum(tf.cast(x, tf.int64)) for x in (won, found)])
-    slots = tf.where(tf.logical_or(found, won), stop, tf.constant(-1, tf.int64))
+    slots = tf.where(tf.logical_or(found, won), stop, none)
     return tf.where(won, tokens, rows), slots, start, counts
 
 

@@ -22,6 +22,8 @@ from de_store.tables._index import (
     home_slots,
     next_slots,
     padded,
+    positions,
+    slot_rows,
 )
 from de_store.tables._types import Claims, View
 from de_store.tables._variables import count as _count
@@ -187,7 +189,7 @@ class ProbeOps:
     ) -> list[tf.Operation]:
         """Scatter the entries ``(key, row)`` marked by ``where`` into their slots; return
         the write (for control dependencies; none when eager)."""
-        at = tf.where(where)[:, 0]
+        at = positions(where)
         written = self.t.index.scatter_update(
             tf.IndexedSlices(_entries(keys, rows, at), tf.gather(slots, at))
         )
@@ -243,8 +245,8 @@ class ProbeOps:
 
         def raced() -> tuple[tf.Tensor, ...]:
             _, _, start, counts = self._first_race(keys, rows)
-            left = tf.where(start >= 0)[:, 0]
-            return (*(tf.gather(x, left) for x in (keys, rows, start)), counts[1])
+            left = positions(start >= 0)
+            return (*(tf.gather(x, left) for x in (keys, rows, start)), tf.unstack(counts)[1])
 
         def from_home() -> tuple[tf.Tensor, ...]:
             home = home_slots(keys, variable_length(self.t.index) - 1)
@@ -269,17 +271,17 @@ class ProbeOps:
         def body(
             ks: tf.Tensor, rs: tf.Tensor, pos: tf.Tensor, repeated: tf.Tensor
         ) -> tuple[tf.Tensor, ...]:
-            empty = tf.equal(tf.gather(t.index, pos)[:, 1], EMPTY)
+            empty = tf.equal(slot_rows(t.index, pos), EMPTY)
             written = self._write_entries(ks, rs, pos, empty)
             with tf.control_dependencies(written):
-                won = tf.equal(tf.gather(t.index, pos)[:, 1], rs)
+                won = tf.equal(slot_rows(t.index, pos), rs)
             if not t.serial_scatter:  # the winner writes its whole entry once more
                 written = self._write_entries(ks, rs, pos, won)
-            lost = tf.where(tf.logical_not(won))[:, 0]
-            with tf.control_dependencies(written):
-                held = tf.gather(t.index, tf.gather(pos, lost))  # after the writes
-            own = tf.logical_and(held[:, 1] >= 0, tf.equal(held[:, 0], tf.gather(ks, lost)))
-            keep = tf.gather(lost, tf.where(tf.logical_not(own))[:, 0])
+            lost = positions(tf.logical_not(won))
+            with tf.control_dependencies(written):  # read after the writes
+                held, held_rows = tf.unstack(tf.gather(t.index, tf.gather(pos, lost)), 2, axis=1)
+            own = tf.logical_and(held_rows >= 0, tf.equal(held, tf.gather(ks, lost)))
+            keep = tf.gather(lost, positions(tf.logical_not(own)))
             ks, rs = tf.gather(ks, keep), tf.gather(rs, keep)
             pos = next_slots(tf.gather(pos, keep), ks, mask)
             repeated += _count(lost) - _count(keep)

@@ -16,7 +16,10 @@ def count(x: tf.Tensor) -> tf.Tensor:
 
 def variable_length(var: tf.Variable) -> tf.Tensor:
     """Leading dimension of a variable, without reading its value."""
-    return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
+    shape = tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)
+    if var.shape.rank is not None:  # one node, where a strided slice makes four
+        return tf.unstack(shape, num=var.shape.rank)[0]
+    return shape[0]
 
 
 def eager_length(var: tf.Variable) -> int:
