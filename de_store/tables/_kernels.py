@@ -62,8 +62,10 @@ TRACE_AFTER_S = 2.0
 #: kernel cache, serves the process's later saves and every later process's.
 TRACE_AT_ONCE = frozenset(["export_changes"])
 #: Kernels whose eager calls always run op by op, never traced: a restore's sizing, and its
-#: start of the load's XLA compile, which must not wait for it (:mod:`._xla`).
-OP_BY_OP_ALWAYS = frozenset(["prepare", "compile_load"])
+#: start of the load's XLA compile, which must not wait for it (:mod:`._xla`); and the
+#: size, one read of a counter under the lock, faster op by op than a function's call
+#: (about 0.4 ms against 1 ms, its first call 2 ms against a trace's 11 ms).
+OP_BY_OP_ALWAYS = frozenset(["prepare", "compile_load", "size"])
 #: Keyed kernels that grow a table. After a bulk eager call of one that grew its table,
 #: the memory malloc holds free is handed back to the system (:meth:`Kernels.run`).
 GROWING = frozenset(["insert", "accum_insert", "load_distinct"])
