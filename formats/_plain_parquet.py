@@ -204,6 +204,10 @@ def _pages(column: pa.Array) -> list[tuple[int, bytes, memoryview]]:
     return pages
 
 
+#: A page of a column chunk: its rows, levels and values' bytes, and the frames of its
+#: compressed bytes being compressed (``None``: written uncompressed).
+_Page = tuple[int, bytes, memoryview, list[Future[bytes]] | None]
+
 _CODEC_POOL = LazyPool(_CODEC_THREADS, "de_store-codec")
 
 
@@ -272,7 +276,7 @@ class PlainParquetWriter:
         self._pending_bytes = 0
         self._column_meta = [self._column_meta_head(field) for field in schema]
         # Batches being compressed ahead (:meth:`prepare`), by id: the batch and its frames.
-        self._prepared: dict[int, tuple[pa.RecordBatch, list[list[list[Future[bytes]]]]]] = {}
+        self._prepared: dict[int, tuple[pa.RecordBatch, list[list[_Page]]]] = {}
         self._write(MAGIC)
         self._flush()
 
@@ -298,42 +302,41 @@ class PlainParquetWriter:
         :meth:`write_batch` of it that comes later (nothing to do uncompressed)."""
         if self._codec is not None and id(batch) not in self._prepared:
             # The batch is held until written: its id stays its own.
-            self._prepared[id(batch)] = (batch, self._compress_pages(batch))
+            self._prepared[id(batch)] = (batch, self._paged(batch))
 
     def write_batch(self, batch: pa.RecordBatch, row_group_size: int | None = None) -> None:
         """Write ``batch`` as one row group (``row_group_size`` is ignored: one per batch)."""
-        packed: list[list[list[Future[bytes]]]] | None = None
-        if self._codec is not None:
-            _, packed = self._prepared.pop(id(batch), (None, None))
-            if packed is None:
-                packed = self._compress_pages(batch)
+        prepared = self._prepared.pop(id(batch), None)
+        pages = self._paged(batch) if prepared is None else prepared[1]
         chunks = [
-            self._write_column(field, column, None if packed is None else packed[j])
-            for j, (field, column) in enumerate(zip(self._schema, batch.columns, strict=True))
+            self._write_column(field, column, column_pages)
+            for field, column, column_pages in zip(self._schema, batch.columns, pages, strict=True)
         ]
         self._flush()
         self._row_groups.append((batch.num_rows, chunks))
 
-    def _compress_pages(self, batch: pa.RecordBatch) -> list[list[list[Future[bytes]]]]:
-        """For each column of ``batch``, for each of its pages, the frames being compressed."""
-        return [
-            [_compress_frames(self._codec, levels, body) for _, levels, body in _pages(column)]
-            for column in batch.columns
-        ]
+    def _paged(self, batch: pa.RecordBatch) -> list[list[_Page]]:
+        """The pages of each column of ``batch``, their frames being compressed when the
+        writer has a codec."""
+        codec = self._codec
 
-    def _write_column(
-        self, field: pa.Field, column: pa.Array, packed: list[list[Future[bytes]]] | None
-    ) -> _Chunk:
+        def page(rows: int, levels: bytes, body: memoryview) -> _Page:
+            frames = None if codec is None else _compress_frames(codec, levels, body)
+            return rows, levels, body, frames
+
+        return [[page(*p) for p in _pages(column)] for column in batch.columns]
+
+    def _write_column(self, field: pa.Field, column: pa.Array, pages: list[_Page]) -> _Chunk:
         width = column.type.list_size if pa.types.is_fixed_size_list(column.type) else None
         start, uncompressed = self._position, 0
-        for page, (rows, levels, body) in enumerate(_pages(column)):
+        for rows, levels, body, compressing in pages:
             size = len(levels) + body.nbytes
-            if packed is None:
+            if compressing is None:
                 header = _page_header(size, rows * (width or 1))
                 self._write(header + levels)
                 self._write(body)
             else:
-                frames = [frame.result() for frame in packed[page]]
+                frames = [frame.result() for frame in compressing]
                 header = _page_header(size, rows * (width or 1), sum(map(len, frames)))
                 self._write(header)
                 for frame in frames:

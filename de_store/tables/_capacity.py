@@ -11,7 +11,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables._change_tracking import STAMP_DTYPE
-from de_store.tables._index import empty_index
+from de_store.tables._index import empty_index, entry_columns, positions
 from de_store.tables._probing import ProbeOps
 from de_store.tables._variables import push, read_shared, replace, variable_length
 
@@ -30,7 +30,7 @@ class CapacityOps(ProbeOps):
     def live_entries(self) -> tf.Tensor:
         """The ``(key, row)`` entries of every occupied slot, ``[n, 2]``, in one read."""
         entries = read_shared(self.t.index)
-        return tf.gather(entries, tf.where(entries[:, 1] >= 0)[:, 0])
+        return tf.gather(entries, positions(entry_columns(entries)[1] >= 0))
 
     def size(self) -> tf.Tensor:
         """The number of keys held."""
@@ -113,7 +113,7 @@ class CapacityOps(ProbeOps):
     def place_entries(self, entries: tf.Tensor) -> None:
         """Place index ``entries`` ``[n, 2]`` (distinct keys, their rows) into an empty
         index: the rehash of a fixed-shape table into a bigger index variable."""
-        self.place_from_home(entries[:, 0], entries[:, 1])
+        self.place_from_home(*entry_columns(entries))
         self.t.num_deleted.assign(0)
 
     def reserve(
@@ -161,9 +161,9 @@ class CapacityOps(ProbeOps):
         replace(t.index, empty_index(capacity))
         t.num_deleted.assign(0)
         if compiled:
-            self.place(live[:, 0], live[:, 1])
+            self.place(*entry_columns(live))
         else:
-            self.place_from_home(live[:, 0], live[:, 1])
+            self.place_from_home(*entry_columns(live))
 
     def allocate_rows(self, count: tf.Tensor, grow: bool = True) -> tf.Tensor:
         """Take ``count`` row ids: freed rows first, then fresh ones (growing the store,

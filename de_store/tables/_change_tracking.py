@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from de_store.tables._index import positions
 from de_store.tables._types import FindsRows, View
 from de_store.tables._variables import count, push, read_shared
 
@@ -60,20 +61,19 @@ class TrackingOps:
         handed_out = tf.reshape(t.next_row.read_value(), [1])
         bits = tf.bitcast(read_shared(t.stamps), tf.float32)
         stamps = tf.bitcast(tf.slice(bits, tf.zeros([1], tf.int64), handed_out), STAMP_DTYPE)
-        dirty = tf.where(stamps > tf.cast(since, STAMP_DTYPE))[:, 0]
-        changed = tf.stack([tf.gather(t.row_keys, dirty), dirty], 1)
+        dirty = positions(stamps > tf.cast(since, STAMP_DTYPE))
         logged = tf.range(t.num_removed.read_value())
         removed_at = tf.gather(t.removed_at, logged)
-        removed = tf.gather(tf.gather(t.removed, logged), tf.where(removed_at > since)[:, 0])
-        removed = tf.gather(removed, tf.where(self.find_rows(removed) < 0)[:, 0])
-        return changed[:, 0], tf.gather(t.values, changed[:, 1]), removed
+        removed = tf.gather(tf.gather(t.removed, logged), positions(removed_at > since))
+        removed = tf.gather(removed, positions(self.find_rows(removed) < 0))
+        return tf.gather(t.row_keys, dirty), tf.gather(t.values, dirty), removed
 
     def forget_removed(self, upto: tf.Tensor) -> None:
         """Drop the removal records of epochs up to ``upto``."""
         t = self.t
         logged = tf.range(t.num_removed.read_value())
         removed_at = tf.gather(t.removed_at, logged)
-        kept = tf.gather(logged, tf.where(removed_at > upto)[:, 0])
+        kept = tf.gather(logged, positions(removed_at > upto))
         keys, epochs = tf.gather(t.removed, kept), tf.gather(t.removed_at, kept)
         at = tf.range(count(kept))
         t.removed.scatter_update(tf.IndexedSlices(keys, at))

@@ -10,7 +10,14 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables import _xla
-from de_store.tables._index import CHUNK, load_race_args, plain, positions, race_from
+from de_store.tables._index import (
+    CHUNK,
+    entry_columns,
+    load_race_args,
+    plain,
+    positions,
+    race_from,
+)
 from de_store.tables._types import View
 from de_store.tables._variables import count as _count
 
@@ -44,7 +51,7 @@ def probe_rounds(body: Any, columns: list[tf.Tensor]) -> tuple[tf.Tensor, tf.Ten
     # The positions found form a permutation of the batch.
     order = tf.cast(loop[-2].concat(), tf.int32)
     result = tf.dynamic_stitch([order], [loop[-1].concat()])
-    return result[:, 0], result[:, 1]
+    return entry_columns(result)
 
 
 def race_chunks(

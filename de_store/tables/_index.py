@@ -59,10 +59,13 @@ def home_slots(keys: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     return tf.bitwise.bitwise_and(hash_keys(keys), mask)
 
 
-def next_slots(pos: tf.Tensor, keys: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+def next_slots(
+    pos: tf.Tensor, keys: tf.Tensor, mask: tf.Tensor, step: tf.Tensor | None = None
+) -> tf.Tensor:
     """The slot each key probes after ``pos``: every probe, compiled or in the graph loop,
-    follows this one sequence."""
-    return tf.bitwise.bitwise_and(pos + probe_step(keys), mask)
+    follows this one sequence. ``step``: the keys' :func:`probe_step`, when the caller
+    made it once for several rounds."""
+    return tf.bitwise.bitwise_and(pos + (probe_step(keys) if step is None else step), mask)
 
 
 def hash_keys(keys: tf.Tensor) -> tf.Tensor:
@@ -85,10 +88,17 @@ def positions(mask: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.where(mask), [-1])
 
 
+def entry_columns(entries: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(keys, rows)``, the columns of index entries ``[n, 2]``: one node, where each
+    ``entries[:, j]`` is four (see :func:`positions`). Eagerly, no strided slice either
+    (see :func:`find_in`)."""
+    keys, rows = tf.unstack(entries, num=2, axis=1)
+    return keys, rows
+
+
 def slot_rows(index: tf.Variable | tf.Tensor, slots: tf.Tensor) -> tf.Tensor:
-    """The row column of the index entries at ``slots`` (see :func:`positions` for why
-    not ``tf.gather(index, slots)[:, 1]``)."""
-    return tf.unstack(tf.gather(index, slots), num=2, axis=1)[1]
+    """The row column of the index entries at ``slots``."""
+    return entry_columns(tf.gather(index, slots))[1]
 
 
 def find_in(index: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
@@ -99,7 +109,7 @@ def find_in(index: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
     It runs no strided slice: TensorFlow 2.21's eager strided slices on a device other
     than the default one, run by two threads at once, may each be given the other's
     bounds, and this runs in a save's background thread beside the training thread's
-    ops on the table's device. Columns are gathered, the capacity is read from the shape.
+    ops on the table's device. Columns are unstacked, the capacity is read from the shape.
     """
     mask = int(index.shape[0]) - 1
     left = tf.range(tf.size(keys, out_type=tf.int64))
@@ -108,12 +118,10 @@ def find_in(index: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
     for _ in range(mask + 1):  # every slot, at most: an index always has empty ones
         if int(tf.size(left)) == 0:
             break
-        entry = tf.gather(index, pos)
-        held, rows = tf.gather(entry, 0, axis=1), tf.gather(entry, 1, axis=1)
+        held, rows = entry_columns(tf.gather(index, pos))
         hit = tf.logical_and(rows >= 0, tf.equal(held, keys))
         stop = tf.logical_or(hit, tf.equal(rows, EMPTY))
-        done = tf.reshape(tf.where(stop), [-1])
-        keep = tf.reshape(tf.where(tf.logical_not(stop)), [-1])
+        done, keep = positions(stop), positions(tf.logical_not(stop))
         done_at.append(tf.cast(tf.gather(left, done), tf.int32))
         found = tf.gather(rows, done)
         done_rows.append(tf.where(tf.gather(hit, done), found, tf.constant(EMPTY, tf.int64)))
@@ -200,13 +208,13 @@ def _probe_rounds(
     stop = tf.fill(tf.shape(keys), tf.constant(-1, tf.int64))
     step = probe_step(keys)
     for _ in range(rounds):
-        held, row = tf.unstack(tf.gather(index, pos), num=2, axis=1)
+        held, row = entry_columns(tf.gather(index, pos))
         hit = tf.logical_and(row >= zero, tf.equal(held, keys))
         now = tf.logical_and(stop < zero, tf.logical_or(hit, tf.equal(row, empty)))
         rows = tf.where(tf.logical_and(now, hit), row, rows)
         stop = tf.where(now, pos, stop)
         # A key resolved reads slot 0 in the rounds left, which stays in cache.
-        pos = tf.where(stop >= zero, zero, tf.bitwise.bitwise_and(pos + step, mask))
+        pos = tf.where(stop >= zero, zero, next_slots(pos, keys, mask, step))
     return rows, stop, pos
 
 
@@ -251,11 +259,11 @@ def _race_from(
         if compiled:
             index.scatter_update(tf.IndexedSlices(entries, tf.where(writers, stop, capacity)))
         else:
-            at = tf.reshape(tf.where(writers), [-1])
+            at = positions(writers)
             index.scatter_update(tf.IndexedSlices(tf.gather(entries, at), tf.gather(stop, at)))
 
     write(claim)
-    _, seen = tf.unstack(tf.gather(index, tf.where(claim, stop, zero)), num=2, axis=1)
+    seen = slot_rows(index, tf.where(claim, stop, zero))
     won = tf.logical_and(claim, tf.equal(seen, tokens))
     if not serial:
         write(won)

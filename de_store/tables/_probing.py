@@ -18,6 +18,7 @@ from de_store.tables._claim_loop import claim_loop, probe_rounds, race_chunks
 from de_store.tables._index import (
     COMPILED_MIN_KEYS,
     EMPTY,
+    entry_columns,
     first_probes,
     home_slots,
     next_slots,
@@ -60,7 +61,7 @@ class ProbeOps:
         """:func:`first_probes`, then the probe loop from where they stopped, for the keys
         still unresolved."""
         rows, _, next_pos = self._first_probes(keys)
-        left = tf.where(next_pos >= 0)[:, 0]
+        left = positions(next_pos >= 0)
 
         def rest() -> tf.Tensor:
             _, found = self.probe(tf.gather(keys, left), False, start=tf.gather(next_pos, left))
@@ -96,7 +97,7 @@ class ProbeOps:
         :func:`~._claim_loop.claim_loop` for the keys left."""
         tokens = tf.range(_count(keys)) + base
         rows, slots, start, counts = self._first_race(keys, tokens)
-        left = tf.where(start >= 0)[:, 0]
+        left = positions(start >= 0)
 
         def loop() -> tuple[tf.Tensor, tf.Tensor]:
             return claim_loop(self.t, tf.gather(keys, left), tf.gather(start, left), left + base)
@@ -138,9 +139,8 @@ class ProbeOps:
             return tf.gather(tokens, i) if per_key else i + tokens
 
         def body(step, idx, ks, pos, found, found_at):
-            entry = tf.gather(t.index, pos)
-            rows = entry[:, 1]
-            hit = tf.logical_and(rows >= 0, tf.equal(entry[:, 0], ks))
+            held, rows = entry_columns(tf.gather(t.index, pos))
+            hit = tf.logical_and(rows >= 0, tf.equal(held, ks))
             empty = tf.equal(rows, EMPTY)
             if claim:
                 done = tf.logical_or(hit, self._claim(token(idx), ks, pos, empty))
@@ -149,7 +149,7 @@ class ProbeOps:
             else:
                 done = tf.logical_or(hit, empty)
                 next_pos = pos  # moved below, for the kept keys only
-            done_at = tf.where(done)[:, 0]
+            done_at = positions(done)
             found = found.write(step, tf.gather(idx, done_at))
             hit, rows = tf.gather(hit, done_at), tf.gather(rows, done_at)
             if claim:  # the slot, and the row found or the claim token
@@ -158,7 +158,7 @@ class ProbeOps:
             else:  # the slot and row found, or (-1, EMPTY)
                 at = [tf.where(hit, tf.gather(pos, done_at), -1), tf.where(hit, rows, EMPTY)]
             found_at = found_at.write(step, tf.stack(at, axis=1))
-            keep = tf.where(tf.logical_not(done))[:, 0]
+            keep = positions(tf.logical_not(done))
             kept = [tf.gather(x, keep) for x in (idx, ks, next_pos)]
             if not claim:
                 kept[2] = next_slots(kept[2], kept[1], mask)
@@ -177,7 +177,7 @@ class ProbeOps:
         t = self.t
         written = self._write_entries(keys, tokens, pos, empty)
         with tf.control_dependencies(written):
-            won = tf.logical_and(empty, tf.equal(tf.gather(t.index, pos)[:, 1], tokens))
+            won = tf.logical_and(empty, tf.equal(slot_rows(t.index, pos), tokens))
         if not t.serial_scatter:
             written = self._write_entries(keys, tokens, pos, won)
         # The next probe round must see the written keys: make its inputs wait for them.
@@ -206,25 +206,25 @@ class ProbeOps:
         t = self.t
         tokens = tf.range(_count(slots)) + TOKEN_BASE
         t.index.scatter_update(tf.IndexedSlices(tf.stack([keys, tokens], 1), slots))
-        seen = tf.gather(t.index, slots)[:, 1]
+        seen = slot_rows(t.index, slots)
 
         def rerace(later: tf.Tensor, rounds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             mine, where_ = tf.gather(tokens, later), tf.gather(slots, later)
             t.index.scatter_update(
                 tf.IndexedSlices(tf.stack([tf.gather(keys, later), mine], 1), where_)
             )
-            held = tf.gather(t.index, where_)[:, 1]
+            held = slot_rows(t.index, where_)
             return tf.boolean_mask(later, mine > held), rounds + 1
 
         _, rounds = tf.while_loop(
             lambda later, _: _count(later) > 0,
             rerace,
-            (tf.where(tokens > seen)[:, 0], tf.constant(0, tf.int32)),
+            (positions(tokens > seen), tf.constant(0, tf.int32)),
             shape_invariants=(tf.TensorShape([None]), tf.TensorShape([])),
         )
         last = tf.cond(
             rounds > 0,
-            lambda: tf.equal(tf.gather(t.index, slots)[:, 1], tokens),
+            lambda: tf.equal(slot_rows(t.index, slots), tokens),
             lambda: tf.equal(seen, tokens),
         )
         with tf.control_dependencies([last]):
@@ -279,7 +279,7 @@ class ProbeOps:
                 written = self._write_entries(ks, rs, pos, won)
             lost = positions(tf.logical_not(won))
             with tf.control_dependencies(written):  # read after the writes
-                held, held_rows = tf.unstack(tf.gather(t.index, tf.gather(pos, lost)), 2, axis=1)
+                held, held_rows = entry_columns(tf.gather(t.index, tf.gather(pos, lost)))
             own = tf.logical_and(held_rows >= 0, tf.equal(held, tf.gather(ks, lost)))
             keep = tf.gather(lost, positions(tf.logical_not(own)))
             ks, rs = tf.gather(ks, keep), tf.gather(rs, keep)

@@ -18,7 +18,15 @@ import tensorflow as tf
 from de_store.tables import _xla
 from de_store.tables._capacity import BATCHES_AHEAD, CapacityOps
 from de_store.tables._change_tracking import STAMP_DTYPE, TrackingOps
-from de_store.tables._index import DELETED, EMPTY, empty_index, load_race_args, race_from
+from de_store.tables._index import (
+    DELETED,
+    EMPTY,
+    empty_index,
+    entry_columns,
+    load_race_args,
+    positions,
+    race_from,
+)
 from de_store.tables._types import Claims
 from de_store.tables._variables import count as _count
 from de_store.tables._variables import read_shared, replace, variable_length
@@ -112,8 +120,8 @@ class TableOps(CapacityOps, TrackingOps):
             slots, rows = claims.merged()
             won = tf.equal(rows, tokens)
             below = tf.range(n) < num_fresh
-            late = tf.where(tf.logical_and(won, tf.logical_not(below)))[:, 0]
-            gaps = tf.where(tf.logical_and(tf.logical_not(won), below))[:, 0]  # as many
+            late = positions(tf.logical_and(won, tf.logical_not(below)))
+            gaps = positions(tf.logical_and(tf.logical_not(won), below))  # as many
             entries = tf.stack([tf.gather(keys, late), gaps + base], 1)
             t.index.scatter_update(tf.IndexedSlices(entries, tf.gather(slots, late)))
             # token past the new rows -> its new row, for the new keys and their repeats
@@ -141,7 +149,7 @@ class TableOps(CapacityOps, TrackingOps):
         slots, rows = claims.merged()
         fresh = tf.equal(rows, tf.range(n) + base)
         all_new = tf.equal(num_fresh, n)
-        at = tf.where(fresh)[:, 0]
+        at = positions(fresh)
         entries = tf.stack([tf.gather(keys, at), fresh_rows], 1)
         t.index.scatter_update(tf.IndexedSlices(entries, tf.gather(slots, at)))
         claimed = rows >= base
@@ -193,7 +201,7 @@ class TableOps(CapacityOps, TrackingOps):
         The occurrences of a new key are numbered by ``new_key``: a segment max picks the
         last. Keys already present race for their slots (:meth:`last_occurrence`).
         """
-        new_at, old_at = tf.where(claimed)[:, 0], tf.where(tf.logical_not(claimed))[:, 0]
+        new_at, old_at = positions(claimed), positions(tf.logical_not(claimed))
         number = tf.gather(new_key, new_at)
         position = tf.cast(new_at, tf.int32)  # GPU segment max takes int32 data, not int64
         latest = tf.math.unsorted_segment_max(position, number, num_fresh)
@@ -217,7 +225,7 @@ class TableOps(CapacityOps, TrackingOps):
             return
 
         def write_last() -> tf.Tensor:
-            at = tf.where(last)[:, 0]
+            at = positions(last)
             t.values.scatter_update(tf.IndexedSlices(tf.gather(values, at), tf.gather(rows, at)))
             return tf.constant(True)
 
@@ -299,9 +307,9 @@ class TableOps(CapacityOps, TrackingOps):
         """Tombstone the slots of present keys and free their rows."""
         t = self.t
         slots, rows = self.find(keys)
-        present = tf.where(slots >= 0)[:, 0]
+        present = positions(slots >= 0)
         keys, slots, rows = (tf.gather(x, present) for x in (keys, slots, rows))
-        last = tf.where(self.last_occurrence(keys, slots, rows))[:, 0]
+        last = positions(self.last_occurrence(keys, slots, rows))
         keys, slots, rows = (tf.gather(x, last) for x in (keys, slots, rows))
         tombstones = tf.fill(tf.shape(slots), tf.constant(DELETED, tf.int64))
         t.index.scatter_update(tf.IndexedSlices(tf.stack([keys, tombstones], 1), slots))
@@ -381,4 +389,5 @@ class TableOps(CapacityOps, TrackingOps):
         """``(keys, values)`` of every live slot, read in one pass."""
         t = self.t
         live = self.live_entries()
-        return live[:, 0], tf.gather(t.values, live[:, 1])
+        keys, rows = entry_columns(live)
+        return keys, tf.gather(t.values, rows)

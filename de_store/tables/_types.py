@@ -101,7 +101,8 @@ class Claims(NamedTuple):
         both = tf.stack([self.slots, self.rows], 1)
         left = tf.stack([self.left_slots, self.left_rows], 1)
         both = tf.tensor_scatter_nd_update(both, self.left[:, None], left)
-        return both[:, 0], both[:, 1]
+        slots, rows = tf.unstack(both, num=2, axis=1)
+        return slots, rows
 
 
 class FindsRows(Protocol):

@@ -16,13 +16,12 @@ one background thread compiles the shape (the function read from the kernel cach
 traced first, in the caller's thread) by calling the compiled function on a stand-in
 index of the same shape and dtype on the same device (a variable holding uninitialised
 memory and no row of any table, with no key taking part: the probes read it, nothing is
-written). Later calls of the shape run
-compiled once that is done. The stand-in's memory is only reserved: the rounds read the
-slots of a few padding keys. The compiled functions are called by the names the cached
-kernels call them (:func:`~._kernel_cache.as_cached`), from a traced function as the
-kernels call them: XLA keys its compiles by function name and call options (which calls
-from a graph do not have), so that one compile serves the eager calls and the traced
-kernels.
+written). Later calls of the shape run compiled once that is done. The stand-in's memory
+is only reserved: the rounds read the slots of a few padding keys. The compiled
+functions are called by the names the cached kernels call them
+(:func:`~._kernel_cache.as_cached`), from a traced function as the kernels call them:
+XLA keys its compiles by function name and call options (which calls from a graph do
+not have), so that one compile serves the eager calls and the traced kernels.
 
 Inside a ``tf.function`` (a traced kernel), the compiled functions are called directly,
 as XLA requires of a graph: nothing here is asked.
@@ -143,10 +142,9 @@ def _start(
 ) -> None:
     """Have the background thread compile ``signature``, ``function`` read from the kernel
     cache or traced first in the calling thread (a tenth of a second, once a process and
-    machine): traced in the background, it
-    would hold the interpreter lock that the caller's next steps need (the plain rounds'
-    ops, one by one; a restore's trace of the load's kernel), and the compile would start
-    only after that contended trace."""
+    machine): traced in the background, it would hold the interpreter lock that the
+    caller's next steps need (the plain rounds' ops, one by one; a restore's trace of the
+    load's kernel), and the compile would start only after that contended trace."""
     global _pool
     _as_cached(function)
     with _lock:

@@ -381,8 +381,9 @@ class HashTable(TableCore):
 
         def read_rows() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             with tf.device(self._device):
-                live = tf.gather(index, tf.where(index[:, 1] >= 0)[:, 0])
-                return self._exported(live[:, 0]), live[:, 1], values
+                live = tf.gather(index, _index.positions(_index.entry_columns(index)[1] >= 0))
+                keys, rows = _index.entry_columns(live)
+                return self._exported(keys), rows, values
 
         def read_rows_in_store_order() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             # The live rows are those handed out and not on the free list: in the store's

@@ -14,6 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables import _checks
+from de_store.tables._index import positions
 from de_store.tables._locking import TableMutex, locked
 from de_store.tables.base import TableCore
 
@@ -151,7 +152,7 @@ class MutableTable(TableCore):
         stored_keys = self._keys(keys)
         if self.track_changes:
             _, exists = self._read(stored_keys)
-            present = tf.gather(stored_keys, tf.where(exists)[:, 0])
+            present = tf.gather(stored_keys, positions(exists))
             self._removed.insert(present, tf.fill(tf.shape(present), self.epoch.read_value()))
             self._stamps.remove(present)
         self._table.remove(stored_keys)
