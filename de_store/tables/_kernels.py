@@ -185,7 +185,7 @@ class Kernels:
         :data:`TRACE_AFTER_S` in all (a kernel of :data:`TRACE_AT_ONCE`: after its first
         call), trace it in the background (:meth:`_trace_behind`).
 
-        A trace costs its process tenths of a second of Python (an insert's: some 1,300
+        A trace costs its process tenths of a second of Python (an insert's: some 1,250
         nodes), most of it holding the interpreter lock that the eager calls need between
         their ops, and the traced kernel saves a part of each call's time (its ops run
         side by side). A process that makes a few bulk calls (a table filled in a handful
@@ -328,7 +328,7 @@ class Kernels:
         # its call op carries Grappler's "off" (:meth:`_dispatch`): a caller's function,
         # each time it is traced (a new step function, or one a ClusterCoordinator's worker
         # optimizes anew after a parameter server's tables grew), would otherwise have
-        # Grappler go over the nodes of every kernel it calls (an insert's: some 1,300).
+        # Grappler go over the nodes of every kernel it calls (an insert's: some 1,250).
         attributes = None if inline else {"_noinline": True}
         return tf.function(
             own, autograph=False, input_signature=signature, experimental_attributes=attributes

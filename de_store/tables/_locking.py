@@ -166,7 +166,7 @@ def unoptimized_calls() -> Iterator[None]:
     and the call ops added to a graph being built (their ``config_proto``).
 
     A kernel's graph is built from few, fused ops with nothing for Grappler to fold or
-    prune, yet optimizing its ~1,300 nodes is a large part of what its first call costs
+    prune, yet optimizing its ~1,250 nodes is a large part of what its first call costs
     in a process, when TensorFlow instantiates it (docs/benchmarks.md, Costs behind the
     code), and again for each caller's function that calls it.
     The options are thread-local (TensorFlow's own ``function_executor_type`` sets them
