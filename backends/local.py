@@ -9,6 +9,7 @@ sees either the old file or the complete new one, never a partial one.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import os
 import uuid
@@ -40,32 +41,55 @@ def _fsync(path: str, flags: int) -> None:
         os.close(fd)
 
 
-class _SyncingFile(io.RawIOBase):
-    """A file being written whose data is flushed to disk in the background as it grows.
+#: Linux's ``sync_file_range(2)`` (glibc), or None: it starts the disk write of a byte
+#: range of a file and returns without waiting for it.
+_WRITEBACK: Any = getattr(ctypes.CDLL(None), "sync_file_range", None)
+if _WRITEBACK is not None:
+    _WRITEBACK.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+SYNC_FILE_RANGE_WRITE = 2
 
-    Every ``sync_every`` bytes an ``fdatasync`` starts in a helper thread (one at a time),
-    so the disk writes overlap with encoding and the final fsync finds little left to do.
+
+class _SyncingFile(io.RawIOBase):
+    """A file being written whose data goes to disk while it is written, so that the disk
+    writes overlap with encoding and the final fsync finds little left to do.
+
+    On Linux, the write-out of every ``writeback_every`` bytes starts as they are written
+    (``sync_file_range`` with ``SYNC_FILE_RANGE_WRITE``: the pages are queued for the disk,
+    the writer goes on; durability still comes from the final fsync). Elsewhere, every
+    ``sync_every`` bytes an ``fdatasync`` starts in a helper thread (one at a time).
     """
 
-    def __init__(self, raw: BinaryIO, sync_every: int) -> None:
+    def __init__(self, raw: BinaryIO, sync_every: int, writeback_every: int) -> None:
         super().__init__()
         self._raw = raw
-        self._sync_every = sync_every
-        self._unsynced = 0
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="de_store-fsync")
+        self._written = 0
+        self._started = 0  # bytes whose write-out has started, or been fdatasynced
         self._pending: Future[None] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        if _WRITEBACK is not None:
+            self._every = writeback_every
+        else:
+            self._every = sync_every
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="de_store-fsync")
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
         n = self._raw.write(data)
-        self._unsynced += n
-        if self._unsynced >= self._sync_every and (self._pending is None or self._pending.done()):
-            self._check()
-            self._raw.flush()
-            self._pending = self._pool.submit(os.fdatasync, self._raw.fileno())
-            self._unsynced = 0
+        self._written += n
+        if self._written - self._started >= self._every:
+            if self._pool is None:
+                self._raw.flush()
+                size = self._written - self._started
+                # Its result is not checked: the final fsync writes whatever it did not.
+                _WRITEBACK(self._raw.fileno(), self._started, size, SYNC_FILE_RANGE_WRITE)
+                self._started = self._written
+            elif self._pending is None or self._pending.done():
+                self._check()
+                self._raw.flush()
+                self._pending = self._pool.submit(os.fdatasync, self._raw.fileno())
+                self._started = self._written
         return n
 
     def _check(self) -> None:
@@ -80,7 +104,8 @@ class _SyncingFile(io.RawIOBase):
 
     def close(self) -> None:
         """Stop the helper thread; the owner closes the underlying file."""
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         super().close()
 
 
@@ -96,7 +121,13 @@ class LocalBackend(FsspecBackend):
     capabilities = Capabilities(supports_atomic_rename=True, supports_fsync=True)
     #: Storage options are checked (see :mod:`.options`); none beyond LocalFileSystem's.
     storage_options_extra: tuple[str, ...] = ()
-    #: Bytes written between background ``fdatasync`` calls of a streamed write.
+    #: Bytes of a streamed write between the starts of their write-out (Linux; see
+    #: ``_SyncingFile``): small enough that the disk writes while the shard is encoded,
+    #: big enough that a system call is rare (1 and 16 MiB saved a 1M x 16 shard more
+    #: slowly here).
+    writeback_every: int = 4 << 20
+    #: Bytes written between background ``fdatasync`` calls of a streamed write, where
+    #: there is no ``sync_file_range``.
     sync_every: int = 64 << 20
 
     def local_path(self, path: str) -> str | None:
@@ -110,7 +141,12 @@ class LocalBackend(FsspecBackend):
             tmp = _temp_name(final)
             raw = open(tmp, "xb")  # noqa: SIM115  (closed below, after fsync)
         try:
-            with raw, contextlib.closing(_SyncingFile(raw, self.sync_every)) as syncing:
+            with (
+                raw,
+                contextlib.closing(
+                    _SyncingFile(raw, self.sync_every, self.writeback_every)
+                ) as syncing,
+            ):
                 yield self._counting(cast(BinaryIO, syncing), path)
                 with self._translating("write", path):
                     syncing.sync()

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from de_store.backends import Backend, open_backend
+from de_store.backends import Backend, local, open_backend
 from de_store.backends.local import LocalBackend
 from de_store.errors import BackendError
 from de_store.testing import StorageLocation
@@ -58,16 +58,35 @@ def test_permission_denied_is_a_backend_error_naming_the_path() -> None:
         backend.write_bytes("de_store_test/g.bin", b"y")
 
 
+@pytest.mark.parametrize("writeback", ["sync_file_range", "fdatasync"])
 def test_streamed_write_flushed_in_the_background_is_complete(
-    local_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
+    local_location: StorageLocation, monkeypatch: pytest.MonkeyPatch, writeback: str
 ) -> None:
+    """Written out while it is written, by ``sync_file_range`` (Linux) or by
+    ``fdatasync`` in a helper thread (elsewhere), every 4 KiB here: the file is whole."""
+    started: list[tuple[int, int]] = []
+    if writeback == "fdatasync":
+        monkeypatch.setattr(local, "_WRITEBACK", None)
+    elif local._WRITEBACK is None:
+        pytest.skip("no sync_file_range here")
+    else:
+        real = local._WRITEBACK
+
+        def write_out(fd: int, start: int, size: int, flags: int) -> int:
+            started.append((start, size))
+            return int(real(fd, start, size, flags))
+
+        monkeypatch.setattr(local, "_WRITEBACK", write_out)
     monkeypatch.setattr(LocalBackend, "sync_every", 4096)
+    monkeypatch.setattr(LocalBackend, "writeback_every", 4096)
     backend = local_location.open()
     data = bytes(range(256)) * 400
     with backend.open_write("f.bin") as f:
         for start in range(0, len(data), 1000):
             f.write(data[start : start + 1000])
     assert backend.read_bytes("f.bin") == data
+    if writeback == "sync_file_range":  # each range where the one before ended, 5 writes long
+        assert started == [(start, 5000) for start in range(0, len(data) - 4999, 5000)]
     with pytest.raises(RuntimeError, match="boom"), backend.open_write("g.bin") as f:
         f.write(data)
         raise RuntimeError("boom")
