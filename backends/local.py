@@ -41,11 +41,18 @@ def _fsync(path: str, flags: int) -> None:
         os.close(fd)
 
 
-#: Linux's ``sync_file_range(2)`` (glibc), or None: it starts the disk write of a byte
-#: range of a file and returns without waiting for it.
-_WRITEBACK: Any = getattr(ctypes.CDLL(None), "sync_file_range", None)
-if _WRITEBACK is not None:
-    _WRITEBACK.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+def _sync_file_range() -> Any:
+    """Linux's ``sync_file_range(2)`` from the C library, or None where there is none:
+    it starts the disk write of a byte range of a file and returns without waiting."""
+    try:
+        function = ctypes.CDLL(None).sync_file_range
+    except (AttributeError, OSError, TypeError):  # not Linux's C library
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return function
+
+
+_WRITEBACK = _sync_file_range()
 SYNC_FILE_RANGE_WRITE = 2
 
 
