@@ -1,4 +1,4 @@
-"""A direct Parquet writer for shards of fixed-width columns, uncompressed or zstd.
+"""A direct Parquet writer for shards of fixed-width columns, uncompressed, zstd or lz4.
 
 Arrow's Parquet writer spends much of a shard's write building and RLE-encoding one
 repetition and one definition level per element of a ``fixed_size_list`` column
@@ -13,14 +13,16 @@ file is the one Arrow writes in every respect a reader sees: the same Parquet sc
 
 :func:`supports` says which schemas it takes: integer keys and float32/float64/int32/int64
 value and extra columns, all non-null. The others (string keys, 8- and 16-bit values)
-go through Arrow's writer. With ``compression="zstd"`` each page (its levels and values)
-is compressed with Arrow's zstd codec; the levels cost no more than uncompressed, so the
-codec is all a compressed save adds. The codec runs in background threads, beside the
-writes: :meth:`PlainParquetWriter.prepare` starts compressing a batch's pages before its
-turn comes (the format prepares the next parts while it writes one), each page as
-frames compressed side by side, one after the other in the page (the levels, then the
-values in frames of at least :data:`FRAME_BYTES`): a zstd stream may hold several
-frames, and every zstd decoder (Arrow's, DuckDB's) reads them as one.
+go through Arrow's writer. With ``compression="zstd"`` or ``"lz4"`` each page (its levels
+and values) is compressed with Arrow's codec (lz4: Parquet's LZ4_RAW); the levels cost no
+more than uncompressed, so the codec is all a compressed save adds. The codec runs in
+background threads, beside the writes: :meth:`PlainParquetWriter.prepare` starts
+compressing a batch's pages before its turn comes (the format prepares the next parts
+while it writes one). A zstd page is compressed as frames side by side, one after the
+other in the page (the levels, then the values in frames of at least
+:data:`FRAME_BYTES`): a zstd stream may hold several frames, and every zstd decoder
+(Arrow's, DuckDB's) reads them as one. A raw LZ4 page is one block: its pages, and those
+of the parts prepared ahead, are compressed side by side.
 """
 
 from __future__ import annotations
@@ -57,9 +59,15 @@ _DATA_PAGE = 0
 FRAME_BYTES = 1 << 20
 #: Threads compressing pages: one a core, at most 4.
 _CODEC_THREADS = max(1, min(4, os.cpu_count() or 1))
-#: Codecs this writer and reader handle -> Parquet's CompressionCodec.
-CODECS = {"none": 0, "zstd": 6}
-_CODEC_NAMES = {"UNCOMPRESSED": "none", "ZSTD": "zstd"}
+#: Codecs this writer and reader handle -> Parquet's CompressionCodec. ``"lz4"`` is
+#: LZ4_RAW (one LZ4 block a page), as Arrow's writer writes it: the format deprecated its
+#: Hadoop-framed LZ4.
+CODECS = {"none": 0, "zstd": 6, "lz4": 7}
+#: Arrow's codec of each of ``CODECS``.
+_ARROW_CODECS = {"zstd": "zstd", "lz4": "lz4_raw"}
+#: A column chunk's codec as pyarrow names it (LZ4_RAW: "LZ4") -> Arrow's codec that
+#: decodes its pages.
+_CODEC_NAMES = {"UNCOMPRESSED": "none", "ZSTD": "zstd", "LZ4": "lz4_raw"}
 
 # Thrift compact protocol type ids.
 _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _STRUCT = (
@@ -212,8 +220,13 @@ _CODEC_POOL = LazyPool(_CODEC_THREADS, "de_store-codec")
 
 
 def _compress_frames(codec: Any, levels: bytes, body: memoryview) -> list[Future[bytes]]:
-    """The page ``levels + body`` being compressed by the codec threads: the levels, then
-    the values cut into frames of :data:`FRAME_BYTES` or more, as many as threads."""
+    """The page ``levels + body`` being compressed by the codec threads: zstd's as the
+    levels, then the values cut into frames of :data:`FRAME_BYTES` or more, as many as
+    threads; a raw LZ4 page as one block (its pages and the next parts' are compressed
+    side by side)."""
+    if codec.name != "zstd":
+        page = levels + body if levels else body
+        return [_CODEC_POOL.submit(codec.compress, page, asbytes=True)]
     frames = max(1, min(_CODEC_THREADS, body.nbytes // FRAME_BYTES))
     step = -(-body.nbytes // frames) if body.nbytes else 1
     pieces: list[Any] = [levels] if levels else []
@@ -265,7 +278,11 @@ class PlainParquetWriter:
         compression_level: int | None = None,
     ) -> None:
         self._codec_id = CODECS[compression]
-        self._codec = None if compression == "none" else pa.Codec(compression, compression_level)
+        self._codec = (
+            None
+            if compression == "none"
+            else pa.Codec(_ARROW_CODECS[compression], compression_level)
+        )
         self._sink = sink
         self._schema = schema
         self._statistics = set(statistics)
