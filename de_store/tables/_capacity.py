@@ -11,7 +11,7 @@ from typing import Any
 import tensorflow as tf
 
 from de_store.tables._change_tracking import STAMP_DTYPE
-from de_store.tables._index import empty_index, entry_columns, positions
+from de_store.tables._index import empty_index, entry_columns, live_entries
 from de_store.tables._probing import ProbeOps
 from de_store.tables._variables import push, read_shared, replace, variable_length
 
@@ -29,8 +29,7 @@ class CapacityOps(ProbeOps):
 
     def live_entries(self) -> tf.Tensor:
         """The ``(key, row)`` entries of every occupied slot, ``[n, 2]``, in one read."""
-        entries = read_shared(self.t.index)
-        return tf.gather(entries, positions(entry_columns(entries)[1] >= 0))
+        return live_entries(read_shared(self.t.index))
 
     def size(self) -> tf.Tensor:
         """The number of keys held."""

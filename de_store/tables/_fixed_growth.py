@@ -162,7 +162,7 @@ class Growth:
         t = self.table
         with tf.device(t._device):
             old = t.index.read_value()  # the live (key, row) entries move; rows stay
-            live = tf.gather(old, _index.positions(_index.entry_columns(old)[1] >= 0))
+            live = _index.live_entries(old)
             t.index = fixed_variable("index", _index.empty_index(tf.constant(capacity, tf.int64)))
         self._call("place_entries", t._state, live)
 

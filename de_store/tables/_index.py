@@ -101,6 +101,12 @@ def slot_rows(index: tf.Variable | tf.Tensor, slots: tf.Tensor) -> tf.Tensor:
     return entry_columns(tf.gather(index, slots))[1]
 
 
+def live_entries(entries: tf.Tensor) -> tf.Tensor:
+    """The ``(key, row)`` entries ``[n, 2]`` of the occupied slots of index ``entries``
+    (a row of 0 or more: neither empty nor a tombstone), in slot order."""
+    return tf.gather(entries, positions(entry_columns(entries)[1] >= 0))
+
+
 def find_in(index: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
     """The row of each key in ``index``, a tensor (a table's snapshot), ``EMPTY`` for a
     key it does not hold: the probe of a lookup, run eagerly round by round on the keys

@@ -381,8 +381,7 @@ class HashTable(TableCore):
 
         def read_rows() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             with tf.device(self._device):
-                live = tf.gather(index, _index.positions(_index.entry_columns(index)[1] >= 0))
-                keys, rows = _index.entry_columns(live)
+                keys, rows = _index.entry_columns(_index.live_entries(index))
                 return self._exported(keys), rows, values
 
         def read_rows_in_store_order() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
