@@ -19,7 +19,13 @@ the process it serves):
   client's own file object (``fs.open(path, "wb", block_size=16 MiB)``): the plainest
   upload of an object whose size is not known when it starts, as a shard's is (a multipart
   upload on S3, a resumable one on GCS; its requests go through the clients' file objects,
-  which this run does not count). Each
+  which this run does not count); ``plain_parts_s``: then the same files put whole again,
+  each over ``2 x 16 MiB`` (S3) or 16 MiB (GCS) in parts of 16 MiB by the client's own
+  ``fs.pipe(..., chunksize=16 MiB)`` (S3: a multipart upload, its parts sent side by side,
+  then completed; GCS: a resumable session, its chunks one after the other), the
+  plainest upload of the same bytes in the parts a shard's streamed upload sends, where
+  the server's work per part and its assembly of the parts count as they count for a
+  save (deleted at the end of the round). Each
   save's requests include the orphan search a ``tf.train.Checkpoint`` save makes in its
   root, which reads every committed checkpoint there: ``save_requests_rounds`` gives the
   count of each round, whose root holds one checkpoint more than the round before;
@@ -223,7 +229,7 @@ def phase_save(args: argparse.Namespace) -> None:
     fill(variable, args)
     checkpoint = tf.train.Checkpoint(embedding=variable)
     out: dict[str, Any] = {"save_first_s": timed(lambda: checkpoint.write(tf_prefix(args, 0)))[0]}
-    saves, puts, api_saves, streams = [], [], [], []
+    saves, puts, api_saves, streams, parts = [], [], [], [], []
     files = {} if local else checkpoint_files(args.store, args.endpoint, kv_root(args, 0))
     base = kv_root(args, 0) + "/"
     payloads = {path[len(base) :]: np.random.bytes(size) for path, size in files.items()}
@@ -238,6 +244,8 @@ def phase_save(args: argparse.Namespace) -> None:
             fs = new_fs(args.store, args.endpoint)
             fs.rm(f"{BUCKET}/plain-{index}", recursive=True)
             streams.append(counted(lambda index=index: plain_stream(args, payloads, index)))
+            new_fs(args.store, args.endpoint).rm(f"{BUCKET}/plain-{index}", recursive=True)
+            parts.append(counted(lambda index=index: plain_parts(args, payloads, index)))
         url = f"{args.save_path}-api/ckpt-{index}"  # a root of their own: no orphan search
         api_saves.append(counted(lambda url=url: api_save(variable, url, options)))
         if put is not None:
@@ -257,6 +265,8 @@ def phase_save(args: argparse.Namespace) -> None:
         out["api_save_rounds_s"] = [s for s, _, _ in api_saves]
         out["plain_stream_s"] = min(s for s, _, _ in streams)
         out["plain_stream_rounds_s"] = [s for s, _, _ in streams]
+        out["plain_parts_s"], out["plain_parts_requests"] = min(s for s, _, _ in parts), parts[0][1]
+        out["plain_parts_rounds_s"] = [s for s, _, _ in parts]
     emit(out)
 
 
@@ -281,6 +291,17 @@ def plain_stream(args: argparse.Namespace, payloads: dict[str, bytes], index: in
     for rel, data in payloads.items():
         with fs.open(f"{BUCKET}/plain-{index}/{rel}", "wb", block_size=STREAM_BLOCK) as file:
             file.write(data)
+
+
+def plain_parts(args: argparse.Namespace, payloads: dict[str, bytes], index: int) -> None:
+    """A new filesystem puts ``payloads`` under ``plain-<index>/`` in one call, objects over
+    the client's threshold in parts of ``STREAM_BLOCK`` bytes (S3: a multipart upload, its
+    parts concurrent; GCS: a resumable session)."""
+    fs = new_fs(args.store, args.endpoint)
+    fs.pipe(
+        {f"{BUCKET}/plain-{index}/{rel}": data for rel, data in payloads.items()},
+        chunksize=STREAM_BLOCK,
+    )
 
 
 # --- phase: restore (a fresh process: plain get, then the restore) ---------------------------
@@ -394,6 +415,9 @@ def ratios(result: dict[str, Any], stores: list[str]) -> dict[str, float]:
             "api_save_vs_plain_put": ("api_save_rounds_s", "plain_put_rounds_s", 0),
             "save_vs_plain_stream": ("save_rounds_s", "plain_stream_rounds_s", 0),
             "plain_stream_vs_plain_put": ("plain_stream_rounds_s", "plain_put_rounds_s", 0),
+            "save_vs_plain_parts": ("save_rounds_s", "plain_parts_rounds_s", 0),
+            "api_save_vs_plain_parts": ("api_save_rounds_s", "plain_parts_rounds_s", 0),
+            "plain_parts_vs_plain_put": ("plain_parts_rounds_s", "plain_put_rounds_s", 0),
             "restore_vs_plain_get": ("restore_rounds_s", "plain_get_rounds_s", 1),
         }
         for name, (mine, theirs, skip) in paired.items():
@@ -418,6 +442,8 @@ def report(result: dict[str, Any], stores: list[str]) -> None:
                 f"  ratio {f[f'{side}_s'] / f[f'{plain}_s']:.2f}x"
             )
         print(f"  plain_stream {f['plain_stream_s']:.3f} s")
+        made = f["plain_parts_requests"]
+        print(f"  plain_parts {f['plain_parts_s']:.3f} s, {sum(made.values())} requests {made}")
         print(f"  requests of each save round: {f['save_requests_rounds']}")
         api = f["api_save_requests"]
         print(f"  de_store.save {f['api_save_s']:.3f} s, {sum(api.values())} requests {api}")
@@ -430,6 +456,9 @@ def report(result: dict[str, Any], stores: list[str]) -> None:
                 "api_save_vs_plain_put",
                 "save_vs_plain_stream",
                 "plain_stream_vs_plain_put",
+                "save_vs_plain_parts",
+                "api_save_vs_plain_parts",
+                "plain_parts_vs_plain_put",
                 "restore_vs_plain_get",
             )
         )

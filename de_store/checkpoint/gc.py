@@ -22,11 +22,13 @@ committed or wrote since the plan keeps its data.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import posixpath
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from de_store.backends.base import Backend
 from de_store.backends.location import Location
@@ -39,6 +41,9 @@ from de_store.checkpoint.commit import (
 )
 from de_store.checkpoint.manifest import Manifest
 from de_store.errors import CheckpointError, GCRefusedError
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: Default grace period: staging and orphans modified more recently are kept.
 DEFAULT_GRACE_S = 3600.0
@@ -146,36 +151,58 @@ def tf_checkpoints_gone(
     :func:`find_orphans` for when that counts as known."""
     if manifests is None:
         manifests = _committed_manifests(backend)
-    groups: dict[tuple[int, str], dict[str, bool | None]] = {}
-    live: set[tuple[int, str]] = set()
+    bound = []
     for folder, manifest in manifests.items():
         ref = manifest.tf_checkpoint
         located = binding.resolve(backend, folder, ref) if ref is not None else None
         if located is None or posixpath.basename(located[1]) != folder:
             continue  # no record of ours, or one that does not name this folder: keep
-        fs, prefix = located
+        bound.append((folder, *located))
+    states = _in_parallel(
+        lambda item: None if item[0] == keep else binding.tf_checkpoint_state(*item[1:]),
+        bound,
+    )
+    groups: dict[tuple[int, str], dict[str, bool | None]] = {}
+    live: set[tuple[int, str]] = set()
+    for (folder, fs, prefix), state in zip(bound, states, strict=True):
         group = (id(fs), posixpath.dirname(prefix))
-        state = None if folder == keep else binding.tf_checkpoint_state(fs, prefix)
         groups.setdefault(group, {})[folder] = state
         if folder == keep or state:
             live.add(group)
     return {f for g in live for f, state in groups[g].items() if state is False and f != keep}
 
 
+#: Most requests the orphan search makes at once. On an object store each commit record,
+#: manifest and TF checkpoint it looks at is a request of its own, and each save through a
+#: ``tf.train.Checkpoint`` looks at all of them.
+SEARCH_READERS = 16
+
+
+def _in_parallel(fn: Callable[[T], R], items: list[T]) -> list[R]:
+    """``[fn(item) for item in items]``, up to :data:`SEARCH_READERS` at once."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    workers = min(SEARCH_READERS, len(items))
+    with concurrent.futures.ThreadPoolExecutor(workers, "de_store-search") as pool:
+        return list(pool.map(fn, items))
+
+
 def _committed_manifests(backend: Backend) -> dict[str, Manifest]:
     """The manifest of every committed top folder (a commit record right in it), from one
-    listing; a manifest read before in this process is not read again (see
-    :func:`_manifest`)."""
+    listing, the folders read in parallel; a manifest read before in this process is not
+    read again (see :func:`_manifest`). A folder whose commit record or manifest cannot be
+    read is left out."""
     generations = committed_generations_in(backend.list(""))
-    manifests = {}
-    for folder, generation in sorted(generations.items()):
-        if "/" in folder:  # not a top folder
-            continue
+    top = [(f, g) for f, g in sorted(generations.items()) if "/" not in f]
+
+    def read(item: tuple[str, int]) -> Manifest | None:
         try:
-            manifests[folder] = _manifest(backend, folder, generation)
+            return _manifest(backend, *item)
         except CheckpointError:
-            continue
-    return manifests
+            return None
+
+    found = _in_parallel(read, top)
+    return {folder: m for (folder, _), m in zip(top, found, strict=True) if m is not None}
 
 
 #: Manifests read by :func:`_manifest`, by checkpoint URL, generation and the size and

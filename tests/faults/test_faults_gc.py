@@ -520,6 +520,34 @@ def test_a_checkpoint_saved_again_under_its_name_is_judged_by_its_new_manifest(
     assert tf_restored_value(str(run / "ckpt-2")) == {2.0}
 
 
+def test_the_orphan_search_reads_the_commit_records_side_by_side(tmp_path: Path) -> None:
+    """Each save through a tf.train.Checkpoint reads the commit record of every checkpoint in
+    its root (a request each on an object store): two of them are read at once, or the
+    barrier the reads meet at breaks and the search fails."""
+    run = tmp_path / "run"
+    tf_run(run, steps=3)
+    for path in run.glob("ckpt-1.*"):
+        path.unlink()  # as CheckpointManager(max_to_keep=...) deletes it
+    backend = open_backend(str(run / "de_store"))
+    meet = threading.Barrier(2, timeout=20)
+    gated: list[str] = []
+    lock = threading.Lock()
+    read_bytes = backend.read_bytes
+
+    def meeting_read(path: str) -> bytes:
+        with lock:
+            wait = names.commit_generation(Path(path).name) is not None and len(gated) < 2
+            if wait:
+                gated.append(path)
+        if wait:
+            meet.wait()  # the first two commit records read: both in flight at once
+        return read_bytes(path)
+
+    backend.read_bytes = meeting_read  # type: ignore[method-assign]
+    assert [g.folder for g in gc.find_orphans(backend)] == ["ckpt-1"]
+    assert len(gated) == 2
+
+
 def test_an_orphan_loses_its_commit_record_before_any_other_file(tmp_path: Path) -> None:
     """A reader that misses a file of a checkpoint gc is removing finds it uncommitted (a
     removed checkpoint, which it retries), never a committed one missing a file (damage)."""
