@@ -18,8 +18,9 @@ share no memory):
   bytes whose files were deleted before it, as the synchronous saves are measured (the
   first one, which traces the snapshot function, is also given apart:
   ``async_first_block_s``, ``async_first_total_s``);
-* ``peak_rss_save_bytes``: the process's peak RSS over one more synchronous save, not
-  timed (the kernel's high-water mark, reset right before it: ``checkpoint_bench.PeakRss``),
+* ``peak_rss_save_bytes``: the process's peak RSS over one more synchronous save after the
+  timed ones, not timed, the checkpoint the restores read (the kernel's high-water mark,
+  reset right before it: ``checkpoint_bench.PeakRss``),
   next to ``rss_before_save_bytes``, ``rss_after_import_bytes`` (TensorFlow and de_store
   imported, no table yet) and ``table_bytes`` (the table's index and its rows in use:
   the rows a store holds past them, unwritten or copied by a growth, count as overhead).
@@ -210,13 +211,11 @@ def phase_fill_save(args: argparse.Namespace) -> None:
     out["row_growth"] = "reserve" if reserves else "gather"  # by the table's device
     checkpoint = tf.train.Checkpoint(embedding=variable)
     out.update(sync_saves(checkpoint, args))
-    rss_prefix = os.path.join(args.work, "rss", "ckpt")
-    with PeakRss() as rss:  # one more save, not timed
-        out["rss_before_save_bytes"] = rss.peak
-        checkpoint.write(rss_prefix)
-    out["peak_rss_save_bytes"] = rss.peak
-    shutil.rmtree(os.path.dirname(rss_prefix))
     out.update(async_saves(tf, checkpoint, args))
+    with PeakRss() as rss:  # one more save, not timed: the checkpoint the restores read
+        out["rss_before_save_bytes"] = rss.peak
+        checkpoint.write(os.path.join(args.work, "sync", "ckpt"))
+    out["peak_rss_save_bytes"] = rss.peak
     harness.raw_write(os.path.join(args.work, "raw"), args.keys, args.dim)  # for raw reads
     for table in variable.all_tables() if args.warmup else []:  # their traces written
         for trace in list(table._kernels._traces.values()):
