@@ -249,8 +249,8 @@ def sync_saves(checkpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
         saves.append(harness.timed(lambda: checkpoint.write(os.path.join(sync, "ckpt")))[0])
     saved_bytes = folder_bytes(sync)
     # Deleted: the saves after these find the page cache as these found it, holding no
-    # checkpoint of this table (one more in it, 3.7 GB at 50M x 16, slowed the async
-    # saves' writes there by half: the kernel reclaims memory to cache theirs).
+    # checkpoint of this table (with this one still cached, 3.7 GB at 50M x 16, the async
+    # saves' writing thread spent about 1.5x the system time in its writes).
     shutil.rmtree(sync)
     return {
         "raw_write_fsync_s": min(raw_writes),
