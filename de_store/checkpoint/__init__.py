@@ -9,8 +9,8 @@ it is written, committed, found, checked and collected.
 - :mod:`.barrier`, :mod:`.topology`, :mod:`.events`: the ranks of one save;
 - :mod:`.request`, :mod:`.destination`: a save request checked once, where it enters
   (distinct variable names, a destination that can take the checkpoint);
-- :mod:`.staging`, :mod:`.retry`: what a save leaves while it writes, and how storage
-  calls are retried;
+- :mod:`.staging`, :mod:`.retry`, :mod:`.parallel`: what a save leaves while it writes,
+  how storage calls are retried, and how calls that wait on storage are made side by side;
 - :mod:`.chain`, :mod:`.checks`, :mod:`.buckets`, :mod:`.verify`: reading checkpoints back
   and checking them (incremental chains, shard records, key buckets, crc32c);
 - :mod:`.gc`, :mod:`.binding`: what is abandoned or orphaned, and the TF checkpoint a

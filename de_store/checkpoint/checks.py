@@ -26,7 +26,6 @@ import collections
 import dataclasses
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ from de_store.checkpoint import names
 from de_store.checkpoint.buckets import key_hash_mod
 from de_store.checkpoint.commit import latest_generation
 from de_store.checkpoint.manifest import ColumnSpec, ShardRecord, VariableEntry
+from de_store.checkpoint.parallel import map_in_threads
 from de_store.errors import CheckpointCorruptError, DeStoreError, StorageNotFoundError
 from de_store.formats import FORMATS, SchemaInfo, ShardInfo, format_class, get_format
 from de_store.formats._schema import KEY_DTYPES, VALUE_DTYPES, is_count
@@ -410,6 +410,10 @@ def _range_problems(info: dict[str, Any]) -> list[Problem]:
     return []
 
 
+#: Most files whose sizes :func:`size_problems` asks at once.
+SIZE_CHECKERS = 16
+
+
 def size_problems(folder: Backend, records: Iterable[ShardRecord]) -> list[Problem]:
     """Each file of ``records`` (checked by :func:`entry_problems` first) must exist with
     the size its record gives; the sizes are asked side by side (a request each on an
@@ -426,8 +430,8 @@ def size_problems(folder: Backend, records: Iterable[ShardRecord]) -> list[Probl
             return Problem(path, f"expected {expected} bytes, found {found}")
         return None
 
-    with ThreadPoolExecutor(min(16, max(1, len(files))), "de_store-size") as pool:
-        return [p for p in pool.map(check, files) if p is not None]
+    found = map_in_threads(check, files, SIZE_CHECKERS, "de_store-size")
+    return [p for p in found if p is not None]
 
 
 # --- rows of the parts read -----------------------------------------------------------------

@@ -22,13 +22,11 @@ committed or wrote since the plan keeps its data.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Iterable
 
 from de_store.backends.base import Backend
 from de_store.backends.location import Location
@@ -40,10 +38,8 @@ from de_store.checkpoint.commit import (
     recorded_manifest,
 )
 from de_store.checkpoint.manifest import Manifest
+from de_store.checkpoint.parallel import map_in_threads
 from de_store.errors import CheckpointError, GCRefusedError
-
-T = TypeVar("T")
-R = TypeVar("R")
 
 #: Default grace period: staging and orphans modified more recently are kept.
 DEFAULT_GRACE_S = 3600.0
@@ -158,9 +154,11 @@ def tf_checkpoints_gone(
         if located is None or posixpath.basename(located[1]) != folder:
             continue  # no record of ours, or one that does not name this folder: keep
         bound.append((folder, *located))
-    states = _in_parallel(
+    states = map_in_threads(
         lambda item: None if item[0] == keep else binding.tf_checkpoint_state(*item[1:]),
         bound,
+        SEARCH_READERS,
+        "de_store-search",
     )
     groups: dict[tuple[int, str], dict[str, bool | None]] = {}
     live: set[tuple[int, str]] = set()
@@ -178,15 +176,6 @@ def tf_checkpoints_gone(
 SEARCH_READERS = 16
 
 
-def _in_parallel(fn: Callable[[T], R], items: list[T]) -> list[R]:
-    """``[fn(item) for item in items]``, up to :data:`SEARCH_READERS` at once."""
-    if len(items) <= 1:
-        return [fn(item) for item in items]
-    workers = min(SEARCH_READERS, len(items))
-    with concurrent.futures.ThreadPoolExecutor(workers, "de_store-search") as pool:
-        return list(pool.map(fn, items))
-
-
 def _committed_manifests(backend: Backend) -> dict[str, Manifest]:
     """The manifest of every committed top folder (a commit record right in it), from one
     listing, the folders read in parallel; a manifest read before in this process is not
@@ -201,7 +190,7 @@ def _committed_manifests(backend: Backend) -> dict[str, Manifest]:
         except CheckpointError:
             return None
 
-    found = _in_parallel(read, top)
+    found = map_in_threads(read, top, SEARCH_READERS, "de_store-search")
     return {folder: m for (folder, _), m in zip(top, found, strict=True) if m is not None}
 
 

@@ -9,7 +9,6 @@ A restore (plan, read, load) is :mod:`de_store.saver.restore_flow`.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import os
@@ -39,6 +38,7 @@ from de_store.checkpoint.manifest import (
     rank_manifest_from_json,
     to_json,
 )
+from de_store.checkpoint.parallel import map_in_threads
 from de_store.checkpoint.request import check_save_request
 from de_store.checkpoint.retry import RetryPolicy, is_transient
 from de_store.checkpoint.topology import Topology
@@ -438,12 +438,9 @@ RANK_MANIFEST_READERS = 16
 
 def _read_rank_manifests(strategy: CommitStrategy, topology: Topology) -> list[RankManifest]:
     """The manifests of ranks 1 to ``proc_size - 1`` of this attempt, read in parallel."""
+    read = functools.partial(_read_rank_manifest, strategy, topology)
     others = range(1, topology.proc_size)
-    if len(others) <= 1:
-        return [_read_rank_manifest(strategy, topology, r) for r in others]
-    workers = min(RANK_MANIFEST_READERS, len(others))
-    with concurrent.futures.ThreadPoolExecutor(workers, "de_store-manifests") as pool:
-        return list(pool.map(functools.partial(_read_rank_manifest, strategy, topology), others))
+    return map_in_threads(read, others, RANK_MANIFEST_READERS, "de_store-manifests")
 
 
 def _read_rank_manifest(strategy: CommitStrategy, topology: Topology, rank: int) -> RankManifest:
