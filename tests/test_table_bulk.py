@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
-from de_store.tables import HashTable, _index, _kernels, _xla
+from de_store.tables import HashTable, _capacity, _claim_loop, _index, _kernels, _xla
 
 BULK = _kernels.OP_BY_OP_MIN_KEYS
 
@@ -137,6 +137,80 @@ def test_the_load_compile_started_before_a_growth_is_the_one_the_grown_table_run
     table.reserve(rows)
     race = _index.race_from[table._kernels.config.serial_scatter]
     assert _xla._signature(race, table.index, _index.load_race_args()) in compiled
+
+
+def test_a_growing_bulk_insert_starts_its_race_compile_before_its_rehash(monkeypatch):
+    """An eager insert that grows its table has XLA compile the race at the capacity it
+    grows to before it rehashes, so that the compile and the rehash overlap: the shape the
+    batch's race and every later bulk insert of the grown table run."""
+    _every_bulk_call_op_by_op(monkeypatch)
+    _nothing_compiled(monkeypatch)
+    table = HashTable(tf.int64, tf.float32, 3, name="compiled_ahead")
+    race = _index.race_from[table._kernels.config.serial_scatter]
+    asked: list[bool] = []
+    rehash = _capacity.CapacityOps.rehash
+
+    def watched(self: _capacity.CapacityOps, capacity: tf.Tensor, compiled: bool = False) -> None:
+        signature = _xla._signature(race, self.t.index, _index.load_race_args(), int(capacity))
+        with _xla._lock:
+            asked.append(signature in _xla._pending or signature in _xla._compiled)
+        rehash(self, capacity, compiled)
+
+    monkeypatch.setattr(_capacity.CapacityOps, "rehash", watched)
+    keys = np.random.default_rng(10).choice(10**12, BULK, replace=False)
+    values = np.arange(3 * BULK, dtype=np.float32).reshape(BULK, 3)
+    table.insert(tf.constant(keys), tf.constant(values))
+    assert asked == [True]
+    _xla.wait_for_compiles()
+    assert _xla.compiled_race(race, table.index)
+    _check(table, dict(zip(keys.tolist(), values, strict=True)))
+
+
+def test_a_race_of_many_keys_waits_for_its_compile_instead_of_running_plain(monkeypatch):
+    """An eager race of ``WAIT_MIN_KEYS`` keys or more, in a process that has not compiled
+    its shape, waits for the compile and runs compiled: its plain rounds would take about
+    as long. Smaller races run plain meanwhile. Both give the same table."""
+    _every_bulk_call_op_by_op(monkeypatch)
+    _nothing_compiled(monkeypatch)
+    plain_keys: list[int] = []
+    for race in _index.race_from.values():
+        run_plain = _index.plain[race]
+        monkeypatch.setitem(
+            _index.plain,
+            race,
+            lambda index, keys, *rest, run=run_plain: (
+                plain_keys.append(int(keys.shape[0])) or run(index, keys, *rest)
+            ),
+        )
+    monkeypatch.setattr(_claim_loop, "WAIT_MIN_KEYS", 2 * BULK)
+    rng = np.random.default_rng(11)
+    model: dict = {}
+    waited = HashTable(tf.int64, tf.float32, 2, name="waited")
+    keys = rng.integers(0, 3 * BULK, 2 * BULK)  # repeated keys too
+    values = rng.normal(size=(keys.size, 2)).astype(np.float32)
+    waited.insert(tf.constant(keys), tf.constant(values))
+    _model_insert(model, keys, values)
+    assert plain_keys == []
+    _check(waited, model)
+    # A compile that does not end while the smaller race runs (this process's XLA may
+    # have compiled the shape for an earlier test, and would be done at once).
+    _nothing_compiled(monkeypatch)
+    gate = threading.Event()
+    compile_shape = _xla._compile
+
+    def held(*args: object) -> None:
+        assert gate.wait(60)
+        compile_shape(*args)
+
+    monkeypatch.setattr(_xla, "_compile", held)
+    ran_plain = HashTable(tf.int64, tf.float32, 2, name="ran_plain")
+    ran_plain.insert(tf.constant(keys[:BULK]), tf.constant(values[:BULK]))
+    gate.set()
+    _xla.wait_for_compiles()
+    assert plain_keys[0] == BULK
+    first: dict = {}
+    _model_insert(first, keys[:BULK], values[:BULK])
+    _check(ran_plain, first)
 
 
 def test_threads_run_bulk_calls_on_other_devices_at_once(monkeypatch):

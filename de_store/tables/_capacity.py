@@ -10,8 +10,16 @@ from typing import Any
 
 import tensorflow as tf
 
+from de_store.tables import _xla
 from de_store.tables._change_tracking import STAMP_DTYPE
-from de_store.tables._index import empty_index, entry_columns, live_entries
+from de_store.tables._index import (
+    COMPILED_MIN_KEYS,
+    empty_index,
+    entry_columns,
+    live_entries,
+    load_race_args,
+    race_from,
+)
 from de_store.tables._probing import ProbeOps
 from de_store.tables._variables import push, read_shared, replace, variable_length
 
@@ -139,10 +147,22 @@ class CapacityOps(ProbeOps):
                 lambda c: [c * 2],  # a list, as the loop variables: eager loops need one
                 [capacity],
             )[0]
+            if compiled_rehash and tf.executing_eagerly():
+                self._compile_race_at(new_capacity, incoming)
             self.rehash(new_capacity, compiled_rehash)
             return tf.constant(True)
 
         tf.cond(used > limit, grow, lambda: tf.constant(False))
+
+    def _compile_race_at(self, capacity: tf.Tensor, incoming: tf.Tensor) -> None:
+        """Start XLA's compile of the race at the ``capacity`` an eager growing insert of
+        ``incoming`` keys grows the index to, before the rehash: the batch's race runs at
+        that capacity, and its compile (some tenths of a second, in the background, see
+        :mod:`._xla`) overlaps the rehash instead of starting after it. A batch too small
+        for the race compiles nothing."""
+        if int(incoming) >= COMPILED_MIN_KEYS:
+            race = race_from[self.t.serial_scatter]
+            _xla.prepare_at(race, self.t.index, int(capacity), *load_race_args())
 
     def rehash(self, capacity: tf.Tensor, compiled: bool = False) -> None:
         """Rebuild the index at ``capacity``, dropping tombstones; rows do not move.

@@ -21,6 +21,12 @@ from de_store.tables._index import (
 from de_store.tables._types import View
 from de_store.tables._variables import count as _count
 
+#: Keys from which an eager race waits for its shape's compile rather than run its plain
+#: rounds meanwhile (:func:`_race_chunks_eagerly`): about as long as a compile would take
+#: the rest of its way on the development machine (plain rounds about 0.37 us a key, a
+#: compile about 0.3 s), and the plain rounds slow that compile down.
+WAIT_MIN_KEYS = 1 << 19
+
 
 def probe_rounds(body: Any, columns: list[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
     """Run ``body`` round after round until every key is resolved; ``(slots, rows)`` of
@@ -100,10 +106,11 @@ def _race_chunks_eagerly(
     graph's loop body is a few dozen Python-dispatched ops. While this process has not
     compiled the shape, the plain race runs once over the whole batch (with one probe
     round, see :data:`~._index.plain`): chunk by chunk, Python would dispatch its few
-    dozen ops for every 32K keys."""
+    dozen ops for every 32K keys. A batch of :data:`WAIT_MIN_KEYS` or more waits for
+    the compile instead (see :func:`~._xla.runner`)."""
     n = int(keys.shape[0])
     race = race_from[t.serial_scatter]
-    compiled = _xla.runner(race, t.index, *load_race_args())
+    compiled = _xla.runner(race, t.index, *load_race_args(), wait=n >= WAIT_MIN_KEYS)
     if compiled is None:
         return plain[race](t.index.handle, keys, tokens, tf.constant(n, tf.int64), start)
     chunks = -(-n // CHUNK)

@@ -16,7 +16,9 @@ one background thread compiles the shape (the function read from the kernel cach
 traced first, in the caller's thread) by calling the compiled function on a stand-in
 index of the same shape and dtype on the same device (a variable holding uninitialised
 memory and no row of any table, with no key taking part: the probes read it, nothing is
-written). Later calls of the shape run compiled once that is done. The stand-in's memory
+written). Later calls of the shape run compiled once that is done. A race of many keys
+waits for the compile instead (see :func:`runner`): its plain rounds would take about as
+long, competing with the compile for the cores. The stand-in's memory
 is only reserved: the rounds read the slots of a few padding keys. The compiled
 functions are called by the names the cached kernels call them
 (:func:`~._kernel_cache.as_cached`), from a traced function as the kernels call them:
@@ -69,22 +71,40 @@ def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
     return plain[function](index.handle, *args)
 
 
-def runner(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
+def runner(function: Any, index: tf.Variable, *args: tf.Tensor, wait: bool = False) -> Any:
     """The compiled ``function`` for ``index`` and arguments shaped as ``args``, taking
     ``(index.handle, *args)``, when this process has compiled that shape; else ``None``,
     the compile started. For a caller that calls it many times eagerly on one shape (an
-    eager race, chunk after chunk), which runs its own plain rounds otherwise."""
+    eager race, chunk after chunk), which runs its own plain rounds otherwise.
+
+    ``wait``: the compile of that shape is waited for (started now, or already under way,
+    as from an insert's growth, see :meth:`~._capacity.CapacityOps.reserve`) when this
+    process has not compiled it: ``None`` only if the compile failed. For a batch whose
+    plain rounds would take about as long as the compile: on a machine of few cores the
+    plain rounds and the compile compete for them, and the compiled race then goes
+    several times faster."""
     signature = _signature(function, index, args)
-    if signature in _compiled:
-        compiled = _as_cached(function)
+    if signature not in _compiled:
+        _start(signature, function, index.device, index.dtype, args)
+        if not wait or not _waited(signature):
+            return None
+    compiled = _as_cached(function)
 
-        def run(*inputs: tf.Tensor) -> Any:
-            with unoptimized_calls():
-                return compiled(*inputs)
+    def run(*inputs: tf.Tensor) -> Any:
+        with unoptimized_calls():
+            return compiled(*inputs)
 
-        return run
-    _start(signature, function, index.device, index.dtype, args)
-    return None
+    return run
+
+
+def _waited(signature: Hashable) -> bool:
+    """Wait for the compile of ``signature`` (started); whether it compiled."""
+    with _lock:
+        pending = _pending.get(signature)
+    if pending is not None and pending.exception() is None:
+        with _lock:  # compiled: known now, before ``_finish`` runs in the compiling thread
+            _compiled.add(signature)
+    return signature in _compiled
 
 
 def compiled_race(race: Any, index: tf.Variable) -> bool:
