@@ -213,6 +213,61 @@ def test_a_race_of_many_keys_waits_for_its_compile_instead_of_running_plain(monk
     _check(ran_plain, first)
 
 
+@pytest.mark.parametrize("ahead", ["/CPU:1", None], ids=["own_device", "compile_ahead"])
+def test_a_race_off_the_first_cpu_runs_plain_while_its_compile_needs_the_eager_lock(
+    monkeypatch, ahead
+):
+    """The compiling thread makes its stand-in index off the host's first CPU holding
+    ``EAGER_ON_DEVICE``, which an op-by-op call holds from its first op to its last: a
+    race of many keys does not wait for a compile that needs it, its own (a table on
+    another device) or one queued before it, and runs its plain rounds instead."""
+    _every_bulk_call_op_by_op(monkeypatch)
+    _nothing_compiled(monkeypatch)
+    monkeypatch.setattr(_claim_loop, "WAIT_MIN_KEYS", BULK)
+    plain_keys: list[int] = []
+    for race in _index.race_from.values():
+        run_plain = _index.plain[race]
+        monkeypatch.setitem(
+            _index.plain,
+            race,
+            lambda index, keys, *rest, run=run_plain: (
+                plain_keys.append(int(keys.shape[0])) or run(index, keys, *rest)
+            ),
+        )
+    gate = threading.Event()
+    compile_shape = _xla._compile
+
+    def held(*args: object) -> None:  # the compile starts once the insert has
+        assert gate.wait(60)
+        compile_shape(*args)
+
+    monkeypatch.setattr(_xla, "_compile", held)
+    if ahead is not None:  # a compile for a table on another device, queued first
+        with tf.device(ahead):
+            other = HashTable(tf.int64, tf.float32, 2, name="other_device")
+        other.compile_load(BULK, room_for=4 * BULK)
+    with tf.device("/CPU:1" if ahead is None else "/CPU:0"):
+        table = HashTable(tf.int64, tf.float32, 2, name="lock_needed")
+    keys = np.random.default_rng(12).choice(10**12, BULK, replace=False)
+    values = np.ones([BULK, 2], np.float32)
+    errors: list[BaseException] = []
+
+    def insert() -> None:
+        try:
+            table.insert(tf.constant(keys), tf.constant(values))
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    writer = threading.Thread(target=insert, daemon=True)
+    writer.start()
+    writer.join(60)
+    gate.set()
+    assert not writer.is_alive(), "the insert waited for a compile that waits for it"
+    _xla.wait_for_compiles()
+    assert errors == [] and plain_keys[0] == BULK
+    _check(table, dict(zip(keys.tolist(), values, strict=True)))
+
+
 def test_threads_run_bulk_calls_on_other_devices_at_once(monkeypatch):
     """Tables on a device other than the default one, written by two threads at once with
     every call op by op (TensorFlow's eager slices there are not safe from two threads at

@@ -107,7 +107,7 @@ def _race_chunks_eagerly(
     compiled the shape, the plain race runs once over the whole batch (with one probe
     round, see :data:`~._index.plain`): chunk by chunk, Python would dispatch its few
     dozen ops for every 32K keys. A batch of :data:`WAIT_MIN_KEYS` or more waits for
-    the compile instead (see :func:`~._xla.runner`)."""
+    the compile instead, where it can (see :func:`~._xla.runner`)."""
     n = int(keys.shape[0])
     race = race_from[t.serial_scatter]
     compiled = _xla.runner(race, t.index, *load_race_args(), wait=n >= WAIT_MIN_KEYS)

@@ -56,10 +56,14 @@ EAGER_ON_DEVICE = threading.RLock()
 def eager_on_device(device: str) -> contextlib.AbstractContextManager[Any]:
     """:data:`EAGER_ON_DEVICE` for eager ops on ``device``, unless it is the host's first
     CPU, where the inputs of two threads' ops stay their own."""
+    return EAGER_ON_DEVICE if needs_eager_lock(device) else contextlib.nullcontext()
+
+
+def needs_eager_lock(device: str) -> bool:
+    """Whether eager ops on ``device`` take :data:`EAGER_ON_DEVICE` (see
+    :func:`eager_on_device`): every device but the host's first CPU."""
     spec = tf.DeviceSpec.from_string(device)
-    if spec.device_type in (None, "CPU") and spec.device_index in (None, 0):
-        return contextlib.nullcontext()
-    return EAGER_ON_DEVICE
+    return not (spec.device_type in (None, "CPU") and spec.device_index in (None, 0))
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ import tensorflow as tf
 
 from de_store.tables import _kernel_cache
 from de_store.tables._index import plain
-from de_store.tables._locking import eager_on_device, unoptimized_calls
+from de_store.tables._locking import eager_on_device, needs_eager_lock, unoptimized_calls
 from de_store.tables._variables import eager_length
 
 log = logging.getLogger("de_store")
@@ -79,10 +79,11 @@ def runner(function: Any, index: tf.Variable, *args: tf.Tensor, wait: bool = Fal
 
     ``wait``: the compile of that shape is waited for (started now, or already under way,
     as from an insert's growth, see :meth:`~._capacity.CapacityOps.reserve`) when this
-    process has not compiled it: ``None`` only if the compile failed. For a batch whose
-    plain rounds would take about as long as the compile: on a machine of few cores the
-    plain rounds and the compile compete for them, and the compiled race then goes
-    several times faster."""
+    process has not compiled it (``None`` if the compile failed), unless the compiling
+    thread needs the lock the caller holds (see :func:`_waited`): ``None`` then too. For a
+    batch whose plain rounds would take about as long as the compile: on a machine of few
+    cores the plain rounds and the compile compete for them, and the compiled race then
+    goes several times faster."""
     signature = _signature(function, index, args)
     if signature not in _compiled:
         _start(signature, function, index.device, index.dtype, args)
@@ -98,9 +99,14 @@ def runner(function: Any, index: tf.Variable, *args: tf.Tensor, wait: bool = Fal
 
 
 def _waited(signature: Hashable) -> bool:
-    """Wait for the compile of ``signature`` (started); whether it compiled."""
+    """Wait for the compile of ``signature`` (started); whether it compiled. Not when a
+    compile before it or itself is for a device off the host's first CPU: the compiling
+    thread makes that stand-in holding ``EAGER_ON_DEVICE``
+    (:func:`~._locking.eager_on_device`), which the caller, an op-by-op call, holds."""
     with _lock:
         pending = _pending.get(signature)
+        if pending is not None and any(needs_eager_lock(s[1]) for s in _pending):  # type: ignore[index]
+            return False
     if pending is not None and pending.exception() is None:
         with _lock:  # compiled: known now, before ``_finish`` runs in the compiling thread
             _compiled.add(signature)
