@@ -30,6 +30,34 @@ def _nothing_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_xla, "_compiled", set())
 
 
+def _plain_races(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the races run as plain TensorFlow ops from now on, in order."""
+    sizes: list[int] = []
+    for race in _index.race_from.values():
+        run = _index.plain[race]
+        monkeypatch.setitem(
+            _index.plain,
+            race,
+            lambda index, keys, *rest, run=run: (
+                sizes.append(int(keys.shape[0])) or run(index, keys, *rest)
+            ),
+        )
+    return sizes
+
+
+def _held_compiles(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Background compiles from now on start only once the event returned is set."""
+    gate = threading.Event()
+    compile_shape = _xla._compile
+
+    def held(*args: object) -> None:
+        assert gate.wait(60)
+        compile_shape(*args)
+
+    monkeypatch.setattr(_xla, "_compile", held)
+    return gate
+
+
 def _model_insert(model: dict, keys: np.ndarray, values: np.ndarray) -> None:
     for key, row in zip(keys.tolist(), values, strict=True):
         model[key] = row  # the last of repeated keys wins
@@ -172,16 +200,7 @@ def test_a_race_of_many_keys_waits_for_its_compile_instead_of_running_plain(monk
     as long. Smaller races run plain meanwhile. Both give the same table."""
     _every_bulk_call_op_by_op(monkeypatch)
     _nothing_compiled(monkeypatch)
-    plain_keys: list[int] = []
-    for race in _index.race_from.values():
-        run_plain = _index.plain[race]
-        monkeypatch.setitem(
-            _index.plain,
-            race,
-            lambda index, keys, *rest, run=run_plain: (
-                plain_keys.append(int(keys.shape[0])) or run(index, keys, *rest)
-            ),
-        )
+    plain_keys = _plain_races(monkeypatch)
     monkeypatch.setattr(_claim_loop, "WAIT_MIN_KEYS", 2 * BULK)
     rng = np.random.default_rng(11)
     model: dict = {}
@@ -195,14 +214,7 @@ def test_a_race_of_many_keys_waits_for_its_compile_instead_of_running_plain(monk
     # A compile that does not end while the smaller race runs (this process's XLA may
     # have compiled the shape for an earlier test, and would be done at once).
     _nothing_compiled(monkeypatch)
-    gate = threading.Event()
-    compile_shape = _xla._compile
-
-    def held(*args: object) -> None:
-        assert gate.wait(60)
-        compile_shape(*args)
-
-    monkeypatch.setattr(_xla, "_compile", held)
+    gate = _held_compiles(monkeypatch)
     ran_plain = HashTable(tf.int64, tf.float32, 2, name="ran_plain")
     ran_plain.insert(tf.constant(keys[:BULK]), tf.constant(values[:BULK]))
     gate.set()
@@ -224,24 +236,8 @@ def test_a_race_off_the_first_cpu_runs_plain_while_its_compile_needs_the_eager_l
     _every_bulk_call_op_by_op(monkeypatch)
     _nothing_compiled(monkeypatch)
     monkeypatch.setattr(_claim_loop, "WAIT_MIN_KEYS", BULK)
-    plain_keys: list[int] = []
-    for race in _index.race_from.values():
-        run_plain = _index.plain[race]
-        monkeypatch.setitem(
-            _index.plain,
-            race,
-            lambda index, keys, *rest, run=run_plain: (
-                plain_keys.append(int(keys.shape[0])) or run(index, keys, *rest)
-            ),
-        )
-    gate = threading.Event()
-    compile_shape = _xla._compile
-
-    def held(*args: object) -> None:  # the compile starts once the insert has
-        assert gate.wait(60)
-        compile_shape(*args)
-
-    monkeypatch.setattr(_xla, "_compile", held)
+    plain_keys = _plain_races(monkeypatch)
+    gate = _held_compiles(monkeypatch)
     if ahead is not None:  # a compile for a table on another device, queued first
         with tf.device(ahead):
             other = HashTable(tf.int64, tf.float32, 2, name="other_device")
