@@ -99,10 +99,11 @@ def runner(function: Any, index: tf.Variable, *args: tf.Tensor, wait: bool = Fal
 
 
 def _waited(signature: Hashable) -> bool:
-    """Wait for the compile of ``signature`` (started); whether it compiled. Not when a
-    compile before it or itself is for a device off the host's first CPU: the compiling
-    thread makes that stand-in holding ``EAGER_ON_DEVICE``
-    (:func:`~._locking.eager_on_device`), which the caller, an op-by-op call, holds."""
+    """Wait for the compile of ``signature`` (started); whether it compiled. Not while any
+    pending compile, this one or another (the one thread compiles them in turn), is for a
+    device off the host's first CPU: the compiling thread makes that stand-in holding
+    ``EAGER_ON_DEVICE`` (:func:`~._locking.eager_on_device`), which the caller, an
+    op-by-op call, holds."""
     with _lock:
         pending = _pending.get(signature)
         if pending is not None and any(needs_eager_lock(s[1]) for s in _pending):  # type: ignore[index]
