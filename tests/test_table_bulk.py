@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
-from de_store.tables import HashTable, _capacity, _claim_loop, _index, _kernels, _xla
+from de_store.tables import HashTable, _capacity, _claim_loop, _index, _kernels, _table_ops, _xla
 
 BULK = _kernels.OP_BY_OP_MIN_KEYS
 
@@ -372,3 +372,106 @@ def test_a_bulk_call_that_grew_its_table_hands_freed_memory_back(monkeypatch):
     assert insert(slice(BULK, BULK + 100)) == 1  # a small call
     assert insert(slice(BULK + 100, 10 * BULK)) == 2  # past the room the first growth left
     _check(table, model)
+
+
+def _early_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[tuple[str, int]], list[bool], threading.Event]:
+    """The early writes of eager inserts from now on (:class:`_table_ops._EarlyRows`):
+    ``(thread name, rows)`` of each, for each whether its rows were the batch's, and an
+    event set once one started."""
+    written: list[tuple[str, int]] = []
+    kept: list[bool] = []
+    started = threading.Event()
+    write, final = _table_ops._EarlyRows._write, _table_ops._EarlyRows.final
+
+    def watched_write(self: _table_ops._EarlyRows, base: tf.Tensor, n: int) -> None:
+        written.append((threading.current_thread().name, n))
+        started.set()
+        write(self, base, n)
+
+    def watched_final(self: _table_ops._EarlyRows) -> bool:
+        result = final(self)
+        if self.writing is not None:
+            kept.append(result)
+        return result
+
+    monkeypatch.setattr(_table_ops._EarlyRows, "_write", watched_write)
+    monkeypatch.setattr(_table_ops._EarlyRows, "final", watched_final)
+    return written, kept, started
+
+
+@pytest.mark.parametrize(
+    ("before", "early", "kept"),
+    [
+        ("room", [BULK], [True]),
+        ("present_and_repeated", [BULK], [False]),
+        ("freed_rows", [], []),
+        ("no_room", [], []),
+        ("no_room_compile_waited", [BULK], [True]),
+    ],
+)
+def test_an_eager_bulk_insert_writes_its_rows_beside_its_claims(monkeypatch, before, early, kept):
+    """An op-by-op insert on the host's first CPU writes its rows in another thread while
+    it claims the keys' slots, as they are if every key is new. A batch with present or
+    repeated keys writes its rows again where they belong; a table with freed rows to
+    hand out, or without room for the batch (unless the race waits for its compile
+    anyway), writes none early. Every way, each key holds its last value."""
+    _every_bulk_call_op_by_op(monkeypatch)
+    rng = np.random.default_rng(13)
+    table = HashTable(tf.int64, tf.float32, 3, name="early_rows")
+    model: dict = {}
+    keys = rng.choice(10**12, 3 * BULK, replace=False)
+    values = rng.normal(size=(keys.size, 3)).astype(np.float32)
+    if before in ("room", "present_and_repeated"):
+        table.reserve(3 * BULK)
+    if before in ("present_and_repeated", "freed_rows"):
+        table.insert(tf.constant(keys[:BULK]), tf.constant(values[:BULK]))
+        _model_insert(model, keys[:BULK], values[:BULK])
+    if before == "freed_rows":
+        table.remove(tf.constant(keys[:100]))
+        for key in keys[:100].tolist():
+            del model[key]
+    gate = None
+    if before == "no_room_compile_waited":  # the race waits for a compile held until then
+        _nothing_compiled(monkeypatch)
+        monkeypatch.setattr(_claim_loop, "WAIT_MIN_KEYS", BULK)
+        gate = _held_compiles(monkeypatch)
+    batch = keys[BULK : 2 * BULK]
+    if before == "present_and_repeated":  # half present, a tenth repeated
+        batch = np.concatenate([keys[: BULK // 2], keys[BULK : BULK + BULK // 2]])
+        tenth = BULK // 10
+        batch[:tenth] = batch[-tenth:]
+    new_values = rng.normal(size=(batch.size, 3)).astype(np.float32)
+    written, rows_kept, started = _early_writes(monkeypatch)
+    if gate is None:
+        table.insert(tf.constant(batch), tf.constant(new_values))
+    else:
+        inserting = threading.Thread(
+            target=table.insert, args=(tf.constant(batch), tf.constant(new_values))
+        )
+        inserting.start()
+        assert started.wait(60), "no early write while the race waited for its compile"
+        gate.set()
+        inserting.join(60)
+        assert not inserting.is_alive()
+    _model_insert(model, batch, new_values)
+    assert [n for _, n in written] == early
+    assert all(name.startswith("de_store-rows") for name, _ in written)
+    assert rows_kept == kept
+    _check(table, model)
+    assert int(table.size()) == len(model)
+
+
+def test_an_error_of_the_early_writes_reaches_the_caller(monkeypatch):
+    _every_bulk_call_op_by_op(monkeypatch)
+    table = HashTable(tf.int64, tf.float32, 2, name="early_error")
+    table.reserve(2 * BULK)
+
+    def failing(self: _table_ops._EarlyRows, base: tf.Tensor, n: int) -> None:
+        raise tf.errors.ResourceExhaustedError(None, None, "no memory for the rows")
+
+    monkeypatch.setattr(_table_ops._EarlyRows, "_write", failing)
+    keys = np.arange(BULK, dtype=np.int64)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="no memory for the rows"):
+        table.insert(tf.constant(keys), tf.ones([BULK, 2]))

@@ -46,7 +46,15 @@ from de_store.tables._variables import eager_length
 
 log = logging.getLogger("de_store")
 
-__all__ = ["call", "compiled_race", "prepare", "prepare_at", "runner", "wait_for_compiles"]
+__all__ = [
+    "call",
+    "compiled_race",
+    "prepare",
+    "prepare_at",
+    "runner",
+    "wait_for_compiles",
+    "waits",
+]
 
 _lock = threading.Lock()
 #: Shapes compiled in this process, and those being compiled.
@@ -106,12 +114,27 @@ def _waited(signature: Hashable) -> bool:
     op-by-op call, holds."""
     with _lock:
         pending = _pending.get(signature)
-        if pending is not None and any(needs_eager_lock(s[1]) for s in _pending):  # type: ignore[index]
+        if pending is not None and _compiling_off_first_cpu():
             return False
     if pending is not None and pending.exception() is None:
         with _lock:  # compiled: known now, before ``_finish`` runs in the compiling thread
             _compiled.add(signature)
     return signature in _compiled
+
+
+def waits(function: Any, index: tf.Variable, *args: tf.Tensor) -> bool:
+    """Whether :func:`runner` with ``wait`` would wait now for the compile of ``function``
+    for ``index`` and arguments shaped as ``args``: this process has not compiled that
+    shape, and no pending compile needs the caller's lock (see :func:`_waited`)."""
+    signature = _signature(function, index, args)
+    with _lock:
+        return signature not in _compiled and not _compiling_off_first_cpu()
+
+
+def _compiling_off_first_cpu() -> bool:
+    """Whether a pending compile is for a device off the host's first CPU (``_lock``
+    held): its stand-in is made holding ``EAGER_ON_DEVICE``."""
+    return any(needs_eager_lock(s[1]) for s in _pending)  # type: ignore[index]
 
 
 def compiled_race(race: Any, index: tf.Variable) -> bool:
