@@ -16,7 +16,9 @@ the page cache was dropped:
 * ``de_store_memory_floor_s``: in de_store's restore process, after the restore,
   ``tf.fill`` allocating and first touching as many bytes as the restored table holds:
   with ``raw_read_s``, the floor this machine's disk and memory set a fresh-process
-  restore;
+  restore; ``de_store_memory_s_per_gb``, that per GiB, the state of this virtual
+  machine's memory (memory it has not touched lately costs several times more to
+  touch), the median of the rounds;
 * ``plain_restore_s``: the plainest restore of the same rows, in a fresh process of
   de_store's interpreter (TensorFlow only): a thread reads raw files of the rows cold
   while the other inserts each batch into a ``DenseHashTable`` sized ahead
@@ -146,7 +148,9 @@ def phase_restore(args: argparse.Namespace) -> None:
     out["restored_keys"] = restored
     out["verified"] = bool(np.all(exists.numpy()) and np.array_equal(found.numpy(), values))
     if args.side == "de_store":  # the floor memory sets: the table's bytes, first touched
-        out["memory_floor_s"] = harness.memory_first_touch(tf, _table_bytes(variable))
+        nbytes = _table_bytes(variable)
+        out["memory_floor_s"] = harness.memory_first_touch(tf, nbytes)
+        out["memory_floor_bytes"] = nbytes
     harness.emit(out)
 
 
@@ -263,6 +267,7 @@ def print_figures(r: dict[str, Any]) -> None:
         print(f"{label:<20}{tfra:>10.2f}{cold:>10.2f}{tfra / cold:>7.2f}x")
     print(f"raw write + fsync {r['raw_write_fsync_s']:.2f}, raw cold read {r['raw_read_s']:.2f}")
     print(f"plainest restore (cold read + DenseHashTable inserts) {r['plain_restore_s']:.2f}")
+    print(f"memory first touch {r['de_store_memory_s_per_gb']:.2f} s per GiB")
 
 
 def main() -> None:
@@ -301,6 +306,14 @@ def main() -> None:
         for figures in rounds.values():
             result.update(best_of(figures))
         result.update(cold_cache(cache_empty))
+        result["de_store_memory_s_per_gb"] = float(
+            np.median(
+                [
+                    r["de_store_memory_floor_s"] / (r["de_store_memory_floor_bytes"] / 2**30)
+                    for r in rounds["de_store"]
+                ]
+            )
+        )
         result["raw_write_fsync_s"] = min(result[f"{side}_raw_write_fsync_s"] for side in SIDES)
         result["rounds"] = args.rounds
         result["ratios"] = ratios(result)

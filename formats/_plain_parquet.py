@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from ._stream import LazyPool
+from de_store._threads import LazyPool
 
 #: Largest data page written; a bigger row group gets several pages (of whole rows).
 PAGE_BYTES = 64 << 20

@@ -4,43 +4,19 @@ from __future__ import annotations
 
 import functools
 import io
-import os
-import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import google_crc32c
 import pyarrow as pa
 
+from de_store._threads import LazyPool
 from de_store.errors import ChecksumError, FormatError
 
 from .base import ByteRange, FileInfo
 
 #: Writes at least this big sum their crc32c in a helper thread while the write runs.
 OVERLAP_BYTES = 1 << 20
-
-
-class LazyPool:
-    """A thread pool made on first use, and made anew in a child process after ``fork``:
-    a pool inherited through ``fork`` has no threads left, and work given to it would
-    never run."""
-
-    def __init__(self, workers: int, name: str) -> None:
-        self._workers, self._name = workers, name
-        self._pool: ThreadPoolExecutor | None = None
-        self._made = threading.Lock()
-        os.register_at_fork(after_in_child=self._forget)
-
-    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
-        with self._made:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix=self._name)
-            pool = self._pool
-        return pool.submit(fn, *args, **kwargs)
-
-    def _forget(self) -> None:
-        self._pool, self._made = None, threading.Lock()
 
 
 _CRC_POOL = LazyPool(4, "de_store-crc32c")

@@ -11,12 +11,12 @@ the growth of the index and the row store in :mod:`._capacity`, change tracking 
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from typing import Any
 
 import tensorflow as tf
 
+from de_store._threads import LazyPool
 from de_store.tables import _claim_loop, _xla
 from de_store.tables._capacity import BATCHES_AHEAD, CapacityOps
 from de_store.tables._change_tracking import STAMP_DTYPE, TrackingOps
@@ -419,8 +419,7 @@ class TableOps(CapacityOps, TrackingOps):
 
 
 #: The thread that writes an eager insert's rows beside its claims (:class:`_EarlyRows`).
-_writer: ThreadPoolExecutor | None = None
-_writer_made = threading.Lock()
+_WRITER = LazyPool(1, "de_store-rows")
 
 
 class _EarlyRows:
@@ -467,7 +466,7 @@ class _EarlyRows:
         ):
             return
         self.end = int(base) + n
-        self.writing = _writer_thread().submit(self._write, base, n)
+        self.writing = _WRITER.submit(self._write, base, n)
 
     def _write(self, base: tf.Tensor, n: int) -> None:
         t = self.ops.t
@@ -489,11 +488,3 @@ class _EarlyRows:
         """Whether the rows written are the batch's: every key was new, so the resolve
         handed out exactly the rows ``base .. base + n - 1``, in batch order."""
         return self.end is not None and int(self.ops.t.next_row.read_value()) == self.end
-
-
-def _writer_thread() -> ThreadPoolExecutor:
-    global _writer
-    with _writer_made:
-        if _writer is None:
-            _writer = ThreadPoolExecutor(1, thread_name_prefix="de_store-rows")
-        return _writer
