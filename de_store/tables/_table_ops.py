@@ -234,15 +234,12 @@ class TableOps(CapacityOps, TrackingOps):
         rows in batch order). Eagerly (an op-by-op bulk call), the rows are written beside
         the claims where they can be (:class:`_EarlyRows`)."""
         t = self.t
-        if tf.executing_eagerly() and t.serial_scatter:
-            early = _EarlyRows(self, keys, values)
-            rows, _, _ = self._resolve(keys, pick_last=False, early=early)
-            if not early.final():
-                self.write_keys(keys, rows)
-                t.values.scatter_update(tf.IndexedSlices(values, rows))
+        eager = tf.executing_eagerly() and t.serial_scatter
+        early = _EarlyRows(self, keys, values) if eager else None
+        rows, _, last = self._resolve(keys, pick_last=not t.serial_scatter, early=early)
+        if early is not None and early.final():
             self.stamp(rows)
             return
-        rows, _, last = self._resolve(keys, pick_last=not t.serial_scatter)
         self.write_keys(keys, rows)
         if last is None:
             t.values.scatter_update(tf.IndexedSlices(values, rows))
