@@ -98,6 +98,14 @@ def race_chunks(
     return (*(tf.slice(out.concat(), *first) for out in loop[2:]), loop[1])
 
 
+def race_waits(t: View, n: int) -> bool:
+    """Whether an eager race of ``n`` keys in table ``t`` as it is now would wait for its
+    compile (:func:`_race_chunks_eagerly`): :data:`WAIT_MIN_KEYS` keys or more, and
+    :func:`~._xla.waits`."""
+    race = race_from[t.serial_scatter]
+    return n >= WAIT_MIN_KEYS and _xla.waits(race, t.index, *load_race_args())
+
+
 def _race_chunks_eagerly(
     t: View, keys: tf.Tensor, tokens: tf.Tensor, start: tf.Tensor
 ) -> tuple[tf.Tensor, ...]:

@@ -17,9 +17,10 @@ from typing import Any
 import tensorflow as tf
 
 from de_store._threads import LazyPool
-from de_store.tables import _claim_loop, _xla
+from de_store.tables import _xla
 from de_store.tables._capacity import BATCHES_AHEAD, CapacityOps
 from de_store.tables._change_tracking import STAMP_DTYPE, TrackingOps
+from de_store.tables._claim_loop import race_waits
 from de_store.tables._index import (
     COMPILED_MIN_KEYS,
     DELETED,
@@ -450,17 +451,14 @@ class _EarlyRows:
         batch's if every key is new: a batch of compiled claims (:data:`COMPILED_MIN_KEYS`
         keys or more) into a table that hands out no freed row (those would go first),
         whose row store has room for it or whose race will wait for its compile (a batch
-        of :data:`~._claim_loop.WAIT_MIN_KEYS` keys or more)."""
+        of :data:`~._claim_loop.WAIT_MIN_KEYS` keys or more, :func:`~._claim_loop.race_waits`)."""
         t = self.ops.t
         n = int(self.keys.shape[0])
         if n < COMPILED_MIN_KEYS or needs_eager_lock(t.values.device):
             return
         if int(t.num_free.read_value()) != 0:
             return
-        if int(base) + n > eager_length(t.values) and not (
-            n >= _claim_loop.WAIT_MIN_KEYS
-            and _xla.waits(race_from[t.serial_scatter], t.index, *load_race_args())
-        ):
+        if int(base) + n > eager_length(t.values) and not race_waits(t, n):
             return
         self.end = int(base) + n
         self.writing = _WRITER.submit(self._write, base, n)
