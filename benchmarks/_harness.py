@@ -250,6 +250,50 @@ def dense_fill(tf: Any, keys: int, dim: int) -> float:
     return seconds
 
 
+def plain_growth(tf: Any, keys: int, dim: int, after: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds the plainest growing store takes to take the benchmark's rows in batches of
+    ``FILL_BATCH``: one variable of values ``[capacity, dim]`` and one of keys, their
+    capacity doubled whenever a batch does not fit (a new store left unwritten, the rows in
+    use copied into it, the old store dropped), each batch written after the rows before
+    it. No index: what it holds past its rows is what its growths leave in TensorFlow's CPU
+    allocator, the floor of any table that keeps its rows in one growing buffer (making
+    the rows is not timed), and what ``after()`` returns, called with the stores filled.
+    """
+    stores = [
+        tf.Variable(tf.zeros([0, dim], tf.float32), shape=tf.TensorShape([None, dim])),
+        tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None])),
+    ]
+
+    def regrow(store: Any, used: int, capacity: int) -> None:
+        # No copy of the old store on its read, none of the new one on its assign: a
+        # variable a scatter touched copies every value read from or assigned to it.
+        tf.raw_ops.DisableCopyOnRead(resource=store.handle)
+        old = store.read_value()
+        shape = [capacity, *store.shape[1:]]
+        store.assign(tf.raw_ops.Empty(shape=shape, dtype=store.dtype))
+        if used:
+            store.scatter_update(tf.IndexedSlices(old[:used], tf.range(used)))
+
+    used = capacity = 0
+    seconds = 0.0
+    for batch_keys, batch_values in rows(keys, dim):
+        batch = tf.constant(batch_values), tf.constant(batch_keys)
+        start = time.perf_counter()
+        n = len(batch_keys)
+        if used + n > capacity:
+            capacity = max(2 * capacity, used + n)
+            for store in stores:
+                regrow(store, used, capacity)
+        at = tf.range(used, used + n)
+        for store, part in zip(stores, batch, strict=True):
+            store.scatter_update(tf.IndexedSlices(part, at))
+        used += n
+        seconds += time.perf_counter() - start
+    start = time.perf_counter()
+    stores[1][used - 1].numpy()  # every write done
+    return seconds + time.perf_counter() - start, after()
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print a phase's figures for the parent process."""
     print(RESULT_TAG + json.dumps(result), flush=True)

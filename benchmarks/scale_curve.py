@@ -40,6 +40,13 @@ peak RSS (``dense_fill_peak_rss_bytes``, next to ``dense_fill_rss_after_import_b
 is what the allocator keeps of a growing table that is TensorFlow's own:
 ``dense_fill_rss_over_rows_and_runtime_mb`` leaves out the rows' bytes (``raw_bytes``)
 and the runtime, as ``rss_over_rows_and_runtime_mb`` does for de_store's fill process.
+A reference for that memory, in one more fresh process: the plainest growing store
+(``harness.plain_growth``: one variable of values and one of keys, doubled when a batch
+does not fit, no index) takes the same batches (``plain_growth_s``); what its process
+holds after them over the rows' bytes and the runtime
+(``plain_growth_rss_over_rows_and_runtime_mb``) is what the allocator keeps of the
+buffers that any table growing its rows in one buffer frees. ``rss_at_plain_growth_floor``
+in ``targets``: de_store's fill process held no more over the rows while saving.
 
 Then ``--restores`` fresh processes each read the checkpoint into a new variable after
 its files were dropped from the page cache (``restore_s``, the fastest; ``restore_first_s``
@@ -322,6 +329,15 @@ def phase_dense_fill(args: argparse.Namespace) -> None:
     harness.emit(out)
 
 
+def phase_plain_growth(args: argparse.Namespace) -> None:
+    tf, _, _ = import_tf()
+    out: dict[str, Any] = {"plain_growth_rss_after_import_bytes": current_rss()}
+    # held after the fill, as the fill process holds it when it saves (no growth then)
+    seconds, rss = harness.plain_growth(tf, args.keys, args.dim, after=current_rss)
+    out["plain_growth_s"], out["plain_growth_rss_after_fill_bytes"] = seconds, rss
+    harness.emit(out)
+
+
 def phase_dense_load(args: argparse.Namespace) -> None:
     tf, _, _ = import_tf()
     harness.emit({"dense_load_s": harness.dense_index(tf, args.keys, args.dim)})
@@ -337,6 +353,7 @@ PHASES = {
     "restore": phase_restore,
     "raw_read": phase_raw_read,
     "dense_fill": phase_dense_fill,
+    "plain_growth": phase_plain_growth,
     "dense_load": phase_dense_load,
     "plain_restore": phase_plain_restore,
 }
@@ -371,6 +388,7 @@ def measure_point(
             loads.append(run(args, "dense_load", keys, dim))
             plains.append(run(args, "plain_restore", keys, dim))
         point.update(run(args, "dense_fill", keys, dim))
+        point.update(run(args, "plain_growth", keys, dim))
     finally:
         shutil.rmtree(args.work, ignore_errors=True)
     first = restores[0]
@@ -420,6 +438,12 @@ def derived(point: dict[str, Any]) -> dict[str, Any]:
             point["dense_fill_peak_rss_bytes"]
             - point["raw_bytes"]
             - point["dense_fill_rss_after_import_bytes"]
+        )
+        / MIB,
+        "plain_growth_rss_over_rows_and_runtime_mb": (
+            point["plain_growth_rss_after_fill_bytes"]
+            - point["raw_bytes"]
+            - point["plain_growth_rss_after_import_bytes"]
         )
         / MIB,
         "rss_added_by_save_mb": (point["peak_rss_save_bytes"] - point["rss_before_save_bytes"])
@@ -477,6 +501,14 @@ def targets(points: list[dict[str, Any]], grown: dict[str, Any]) -> dict[str, An
     out["rss_over_rows_and_runtime_mb"] = round(largest["rss_over_rows_and_runtime_mb"], 1)
     out["dense_fill_rss_over_rows_and_runtime_mb"] = round(
         largest["dense_fill_rss_over_rows_and_runtime_mb"], 1
+    )
+    out["plain_growth_rss_over_rows_and_runtime_mb"] = round(
+        largest["plain_growth_rss_over_rows_and_runtime_mb"], 1
+    )
+    # the floor the allocator sets: held over the rows, de_store's at most the plainest's
+    out["rss_at_plain_growth_floor"] = (
+        largest["rss_over_rows_and_runtime_mb"]
+        <= largest["plain_growth_rss_over_rows_and_runtime_mb"]
     )
     out["restored_rss_over_table_mb"] = round(largest["restored_rss_over_table_mb"], 1)
     out["restored_rss_met"] = largest["restored_rss_over_table_mb"] * MIB <= RSS_ALLOWANCE
@@ -548,6 +580,8 @@ def draw(result: dict[str, Any], path: str) -> None:
         ("restored_rss_over_table_mb", "-.", "C4", "a process that restored it"),
         # the floor the allocator sets: TensorFlow's own growing table (over its rows)
         ("dense_fill_rss_over_rows_and_runtime_mb", ":", "C7", "Dense fill - rows - runtime"),
+        # and the plainest growing store (one buffer, doubled), over its rows
+        ("plain_growth_rss_over_rows_and_runtime_mb", ":", "C8", "plain growth - rows - runtime"),
     )
     for dim, marker in markers.items():
         series = sorted((p for p in points if p["dim"] == dim), key=lambda p: p["keys"])
