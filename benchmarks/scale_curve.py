@@ -42,11 +42,13 @@ is what the allocator keeps of a growing table that is TensorFlow's own:
 and the runtime, as ``rss_over_rows_and_runtime_mb`` does for de_store's fill process.
 A reference for that memory, in one more fresh process: the plainest growing store
 (``harness.plain_growth``: one variable of values and one of keys, doubled when a batch
-does not fit, no index) takes the same batches (``plain_growth_s``); what its process
+does not fit, no index) takes the same batches (``plain_growth_s``; ``None``, with
+``plain_growth_error``, where a growth found no room in the allocator's pool); what its process
 holds after them over the rows' bytes and the runtime
 (``plain_growth_rss_over_rows_and_runtime_mb``) is what the allocator keeps of the
 buffers that any table growing its rows in one buffer frees. ``rss_at_plain_growth_floor``
-in ``targets``: de_store's fill process held no more over the rows while saving.
+in ``targets``: de_store's fill process, while saving, held no more over its table (index
+and rows in use) and the runtime.
 
 Then ``--restores`` fresh processes each read the checkpoint into a new variable after
 its files were dropped from the page cache (``restore_s``, the fastest; ``restore_first_s``
@@ -333,7 +335,11 @@ def phase_plain_growth(args: argparse.Namespace) -> None:
     tf, _, _ = import_tf()
     out: dict[str, Any] = {"plain_growth_rss_after_import_bytes": current_rss()}
     # held after the fill, as the fill process holds it when it saves (no growth then)
-    seconds, rss = harness.plain_growth(tf, args.keys, args.dim, after=current_rss)
+    try:
+        seconds, rss = harness.plain_growth(tf, args.keys, args.dim, after=current_rss)
+    except tf.errors.ResourceExhaustedError as error:  # the allocator's pool gave out
+        seconds, rss = None, None
+        out["plain_growth_error"] = error.message.splitlines()[0]
     out["plain_growth_s"], out["plain_growth_rss_after_fill_bytes"] = seconds, rss
     harness.emit(out)
 
@@ -440,7 +446,9 @@ def derived(point: dict[str, Any]) -> dict[str, Any]:
             - point["dense_fill_rss_after_import_bytes"]
         )
         / MIB,
-        "plain_growth_rss_over_rows_and_runtime_mb": (
+        "plain_growth_rss_over_rows_and_runtime_mb": None
+        if point["plain_growth_rss_after_fill_bytes"] is None  # it ran out of memory
+        else (
             point["plain_growth_rss_after_fill_bytes"]
             - point["raw_bytes"]
             - point["plain_growth_rss_after_import_bytes"]
@@ -502,13 +510,14 @@ def targets(points: list[dict[str, Any]], grown: dict[str, Any]) -> dict[str, An
     out["dense_fill_rss_over_rows_and_runtime_mb"] = round(
         largest["dense_fill_rss_over_rows_and_runtime_mb"], 1
     )
-    out["plain_growth_rss_over_rows_and_runtime_mb"] = round(
-        largest["plain_growth_rss_over_rows_and_runtime_mb"], 1
-    )
-    # the floor the allocator sets: held over the rows, de_store's at most the plainest's
+    plain = largest["plain_growth_rss_over_rows_and_runtime_mb"]
+    out["plain_growth_rss_over_rows_and_runtime_mb"] = None if plain is None else round(plain, 1)
+    # the floor the allocator sets: each process holds its own data (de_store's table,
+    # index included; the plain store's rows) and the runtime, and over them what the
+    # growths left in the allocator; de_store's no more than the plain store's
+    # (a plain store that ran out of memory in the allocator's pool held more, at least)
     out["rss_at_plain_growth_floor"] = (
-        largest["rss_over_rows_and_runtime_mb"]
-        <= largest["plain_growth_rss_over_rows_and_runtime_mb"]
+        plain is None or largest["rss_over_table_and_runtime_mb"] <= plain
     )
     out["restored_rss_over_table_mb"] = round(largest["restored_rss_over_table_mb"], 1)
     out["restored_rss_met"] = largest["restored_rss_over_table_mb"] * MIB <= RSS_ALLOWANCE
@@ -586,7 +595,8 @@ def draw(result: dict[str, Any], path: str) -> None:
     for dim, marker in markers.items():
         series = sorted((p for p in points if p["dim"] == dim), key=lambda p: p["keys"])
         for name, style, color, text in figures:
-            memory.plot([p["keys"] for p in series], [p[name] for p in series], style,
+            shown = [p for p in series if p[name] is not None]  # None: out of memory
+            memory.plot([p["keys"] for p in shown], [p[name] for p in shown], style,
                         marker=marker, color=color,
                         label=text if dim == min(markers) else None)  # fmt: skip
     memory.axhline(RSS_ALLOWANCE / MIB, color="C3", linestyle=":", label="bar: 512 MiB")
