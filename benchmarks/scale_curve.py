@@ -515,7 +515,7 @@ def targets(points: list[dict[str, Any]], grown: dict[str, Any]) -> dict[str, An
     # the floor the allocator sets: each process holds its own data (de_store's table,
     # index included; the plain store's rows) and the runtime, and over them what the
     # growths left in the allocator; de_store's no more than the plain store's
-    # (a plain store that ran out of memory in the allocator's pool held more, at least)
+    # (where the plain store ran out of the allocator's pool, de_store's fill completed)
     out["rss_at_plain_growth_floor"] = (
         plain is None or largest["rss_over_table_and_runtime_mb"] <= plain
     )
