@@ -436,24 +436,15 @@ def derived(point: dict[str, Any]) -> dict[str, Any]:
         )
         / MIB,
         # the same over the rows' bytes, as for the Dense fill (whose buckets hold more)
-        "rss_over_rows_and_runtime_mb": (
-            point["peak_rss_save_bytes"] - point["raw_bytes"] - point["rss_after_import_bytes"]
-        )
-        / MIB,
-        "dense_fill_rss_over_rows_and_runtime_mb": (
-            point["dense_fill_peak_rss_bytes"]
-            - point["raw_bytes"]
-            - point["dense_fill_rss_after_import_bytes"]
-        )
-        / MIB,
-        "plain_growth_rss_over_rows_and_runtime_mb": None
-        if point["plain_growth_rss_after_fill_bytes"] is None  # it ran out of memory
-        else (
-            point["plain_growth_rss_after_fill_bytes"]
-            - point["raw_bytes"]
-            - point["plain_growth_rss_after_import_bytes"]
-        )
-        / MIB,
+        "rss_over_rows_and_runtime_mb": over_rows_and_runtime_mb(
+            point, "peak_rss_save_bytes", "rss_after_import_bytes"
+        ),
+        "dense_fill_rss_over_rows_and_runtime_mb": over_rows_and_runtime_mb(
+            point, "dense_fill_peak_rss_bytes", "dense_fill_rss_after_import_bytes"
+        ),
+        "plain_growth_rss_over_rows_and_runtime_mb": over_rows_and_runtime_mb(
+            point, "plain_growth_rss_after_fill_bytes", "plain_growth_rss_after_import_bytes"
+        ),
         "rss_added_by_save_mb": (point["peak_rss_save_bytes"] - point["rss_before_save_bytes"])
         / MIB,
         # the same save in a process that restored the table (no growth behind it)
@@ -462,6 +453,14 @@ def derived(point: dict[str, Any]) -> dict[str, Any]:
         )
         / MIB,
     }
+
+
+def over_rows_and_runtime_mb(point: dict[str, Any], rss: str, after_import: str) -> float | None:
+    """MiB of the RSS ``point[rss]`` over the rows' bytes and the RSS its process held after
+    its imports (``point[after_import]``); ``None`` where the process ran out of memory."""
+    if point[rss] is None:
+        return None
+    return float(point[rss] - point["raw_bytes"] - point[after_import]) / MIB
 
 
 def growth(points: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
