@@ -8,8 +8,15 @@ hands each full part to s3fs's event loop and goes on encoding, with at most
 was filled in, which is filled again at once: botocore checksums and sends a ``bytes``
 body for about half the CPU time a ``bytearray`` body costs it, the copy included. The
 object appears at its key only when ``close`` completes the upload; :meth:`discard` aborts
-it, leaving nothing behind. An object smaller than one part is sent with a single
-``put_object``.
+it, leaving nothing behind.
+
+An object smaller than ``concurrency + 1`` parts goes as one ``put_object``, as s3fs's
+own ``pipe`` sends an object under two of its 50 MiB chunks: its first ``concurrency``
+full parts are held, not sent, until the object outgrows them, within the same bound
+(joined for the PUT, an object briefly holds twice its size).
+One request instead of a create, the parts and a complete, and a store that writes the
+object once instead of joining its parts (moto reads them all back to do it). An object
+that outgrows them starts the multipart upload with the parts held.
 
 s3fs's file object also reads in blocks, one ranged GET each (``block_size`` plus the bytes
 asked for). :class:`StreamingDownload` reads a sequential run of reads from a single GET of
@@ -60,6 +67,8 @@ class MultipartUpload(io.RawIOBase):
         self._buffer = bytearray(part_size)  # filled by writes, copied out per part
         self._filled = 0
         self._upload_id: str | None = None
+        self._held: list[bytes] = []  # full parts not sent while the object may go whole
+        self._concurrency = concurrency
         self._parts: list[concurrent.futures.Future[Any]] = []
         self._slots = threading.Semaphore(concurrency)
         self._done = False
@@ -85,11 +94,22 @@ class MultipartUpload(io.RawIOBase):
     def _send_part(self, last: bool = False) -> None:
         self._raise_failed()
         if self._upload_id is None:
+            if len(self._held) < self._concurrency:
+                self._held.append(self._taken())  # the object may still go whole
+                return
             self._upload_id = self._call("create_multipart_upload", Key=self._key)["UploadId"]
-        self._slots.acquire()
+            held, self._held = self._held, []
+            for part in held:
+                self._slots.acquire()
+                self._submit(part)
+        self._slots.acquire()  # before the copy: at most ``concurrency`` copies in flight
         part = self._taken()
         if last:
             self._buffer = bytearray()
+        self._submit(part)
+
+    def _submit(self, part: bytes) -> None:
+        """Hand ``part`` to the event loop as the next part (its slot is taken)."""
         coro = self._fs._call_s3(
             "upload_part",
             Bucket=self._bucket,
@@ -118,7 +138,8 @@ class MultipartUpload(io.RawIOBase):
                 future.result()
 
     def close(self) -> None:
-        """Send the last part and complete the upload (or put a small object whole)."""
+        """Send the last part and complete the upload, or put an object smaller than
+        ``concurrency + 1`` parts whole."""
         if self.closed:
             return
         try:
@@ -130,7 +151,9 @@ class MultipartUpload(io.RawIOBase):
     def _finish(self) -> None:
         self._done = True
         if self._upload_id is None:
-            self._call("put_object", Key=self._key, Body=self._taken())
+            body = b"".join([*self._held, memoryview(self._buffer)[: self._filled]])
+            self._buffer, self._filled, self._held = bytearray(), 0, []
+            self._call("put_object", Key=self._key, Body=body)
         else:
             try:
                 self._complete()
@@ -155,7 +178,7 @@ class MultipartUpload(io.RawIOBase):
     def discard(self) -> None:
         """Abandon the upload: wait for parts in flight, then abort it; nothing appears."""
         self._done = True
-        self._buffer, self._filled = bytearray(), 0
+        self._buffer, self._filled, self._held = bytearray(), 0, []
         concurrent.futures.wait(self._parts)
         try:
             if self._upload_id is not None:

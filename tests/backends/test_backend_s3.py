@@ -76,9 +76,12 @@ def test_streamed_write_uploads_parts_concurrently(small_parts: S3Backend) -> No
     assert _pending_uploads(small_parts) == []
 
 
-def test_failed_multipart_write_is_aborted_and_leaves_nothing(small_parts: S3Backend) -> None:
+def test_failed_multipart_write_is_aborted_and_leaves_nothing(
+    small_parts: S3Backend, s3_requests: list[tuple[str, str]]
+) -> None:
     with pytest.raises(RuntimeError, match="boom"), small_parts.open_write("big.bin") as f:
-        f.write(random.Random(2).randbytes(12 * MIB))  # two parts already sent
+        f.write(random.Random(2).randbytes(16 * MIB))  # three parts: the upload started
+        assert "create_multipart_upload" in [m for m, _ in s3_requests]
         raise RuntimeError("boom")
     assert not small_parts.exists("big.bin")
     assert small_parts.list() == []
@@ -88,9 +91,45 @@ def test_failed_multipart_write_is_aborted_and_leaves_nothing(small_parts: S3Bac
 def test_failed_overwrite_with_parts_keeps_old_object(small_parts: S3Backend) -> None:
     small_parts.write_bytes("f.bin", b"old")
     with pytest.raises(RuntimeError, match="boom"), small_parts.open_write("f.bin") as f:
-        f.write(random.Random(3).randbytes(11 * MIB))
+        f.write(random.Random(3).randbytes(16 * MIB))
         raise RuntimeError("boom")
     assert small_parts.read_bytes("f.bin") == b"old"
+
+
+def test_object_under_concurrency_plus_one_parts_goes_as_one_put(
+    small_parts: S3Backend, s3_requests: list[tuple[str, str]]
+) -> None:
+    """Two parts in flight: up to two full parts are held, and an object that ends under
+    three parts is one PUT; one byte more starts a multipart upload with the held parts."""
+    data = random.Random(9).randbytes(15 * MIB - 1)
+    s3_requests.clear()
+    with small_parts.open_write("whole.bin") as f:
+        for start in range(0, len(data), 3 * MIB):
+            f.write(memoryview(data)[start : start + 3 * MIB])
+        assert s3_requests == []  # nothing sent while the object may go whole
+    assert s3_requests == [("put_object", "root/whole.bin")]
+    assert small_parts.read_bytes("whole.bin") == data
+    s3_requests.clear()
+    with small_parts.open_write("parts.bin") as f:
+        f.write(data + b"x")
+    methods = [m for m, _ in s3_requests]
+    assert methods[0] == "create_multipart_upload" and methods[-1] == "complete_multipart_upload"
+    assert methods.count("upload_part") == 3
+    assert small_parts.read_bytes("parts.bin") == data + b"x"
+    assert small_parts.stats.bytes_written == 2 * len(data) + 1
+
+
+def test_failed_write_under_the_put_size_sends_nothing(
+    small_parts: S3Backend, s3_requests: list[tuple[str, str]]
+) -> None:
+    small_parts.write_bytes("f.bin", b"old")
+    s3_requests.clear()
+    with pytest.raises(RuntimeError, match="boom"), small_parts.open_write("f.bin") as f:
+        f.write(random.Random(10).randbytes(12 * MIB))  # two full parts held
+        raise RuntimeError("boom")
+    assert s3_requests == []
+    assert small_parts.read_bytes("f.bin") == b"old"
+    assert _pending_uploads(small_parts) == []
 
 
 def test_streamed_write_to_missing_bucket_names_the_object(s3_location: StorageLocation) -> None:
