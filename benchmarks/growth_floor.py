@@ -1,0 +1,250 @@
+"""What TensorFlow's CPU allocator keeps of a growing table, by the layout of its rows.
+
+One fresh process per layout takes the benchmark's rows (``harness.rows``: ``--keys``
+int64 keys and float32 rows of ``--dim``, in batches of 2**20) into an empty table, then
+reports its RSS over its data and the runtime: the RSS after the fill, less the RSS right
+after ``import tensorflow`` (and de_store, where it runs) and one small op, less the
+data's bytes (the index and the rows in use). Layouts:
+
+* ``de_store``: a ``de_store.get_variable`` table with no ``init_size``, as
+  ``scale_curve.py`` fills it; its data is its index and its rows in use
+  (``scale_curve.table_bytes``).
+* ``one_buffer``: the plainest table that keeps its rows in one buffer, as de_store does
+  on a CPU: an index of 16 bytes a slot (key and row) rebuilt at twice its capacity when
+  a batch would take it past a load of 0.75, every slot written (a rehash writes them
+  all) and one entry a key; one variable of values and one of keys, grown when a batch
+  does not fit into a new store left unwritten (``Empty``) for every key the index holds
+  before it grows again, the rows in use copied into it, the old store dropped.
+* ``blocks``: the same index, the rows in blocks of ``--block-rows`` rows (a variable of
+  values and one of keys each), each allocated once, unwritten, when the rows reach it:
+  nothing of the rows is ever copied or freed.
+* ``geometric``: the same, block ``k`` holding ``--block-rows * 2**k`` rows.
+
+The plain tables place their index entries by a multiplicative hash of the key, one
+write each, without probing (a colliding key overwrites): they move a table's bytes, they
+do not answer lookups. Their rows are the same bytes de_store holds.
+
+``bfc_region`` measures what the allocator itself touches for a buffer it hands out: the
+RSS a 4 GiB store left unwritten adds. TensorFlow's BFC allocator (oneDNN's default CPU
+allocator on x86 Linux) keeps an 8-byte handle for every 256 bytes of each region it
+reserves, written when the region is made: 1/32 of the region, written or not.
+
+``--allocator system`` runs every process with ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1`` (malloc
+and free). Figures: ``over_data_and_runtime_mib`` per layout; the last line is the JSON.
+
+```bash
+python benchmarks/growth_floor.py --keys 50000000 --dim 16
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import _harness as harness
+
+MIB = 1 << 20
+LAYOUTS = ("de_store", "one_buffer", "blocks", "geometric")
+INDEX_SLOT_BYTES = 16
+MAX_LOAD = 0.75
+FIRST_SLOTS = 1 << 17
+#: An odd 64-bit multiplier (two's complement): the plain tables' hash of a key.
+HASH_MULTIPLIER = -7046029254386353131
+REGION_PROBE_BYTES = 4 << 30
+
+
+def current_rss() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def import_tf(with_de_store: bool) -> tuple[Any, int]:
+    """TensorFlow (and de_store) imported and one small op run: the runtime's RSS."""
+    import tensorflow as tf
+
+    if with_de_store:
+        import de_store  # noqa: F401
+
+    tf.zeros([16]).numpy()
+    return tf, current_rss()
+
+
+def unwritten_store(tf: Any, rows: int, dim: int | None, dtype: Any) -> Any:
+    """A variable holding ``rows`` rows left unwritten: no page of it is touched."""
+    shape = [rows, dim] if dim else [rows]
+    store = tf.Variable(tf.zeros([0, *shape[1:]], dtype), shape=tf.TensorShape([None, *shape[1:]]))
+    tf.raw_ops.DisableCopyOnRead(resource=store.handle)
+    store.assign(tf.raw_ops.Empty(shape=shape, dtype=dtype))
+    return store
+
+
+class PlainTable:
+    """The plainest growing table of one layout (see the module's docstring)."""
+
+    def __init__(self, tf: Any, layout: str, dim: int, block_rows: int) -> None:
+        self.tf, self.layout, self.dim, self.block_rows = tf, layout, dim, block_rows
+        self.capacity = FIRST_SLOTS
+        self.index = tf.Variable(
+            tf.fill([FIRST_SLOTS, 2], tf.constant(-1, tf.int64)), shape=tf.TensorShape([None, 2])
+        )
+        self.used = 0
+        # (first row, values, keys) of each block; one block of every row for one_buffer
+        self.blocks: list[tuple[int, Any, Any]] = []
+        self.multiplier = tf.constant(HASH_MULTIPLIER, tf.int64)
+
+    def insert(self, keys: Any, values: Any) -> None:
+        tf = self.tf
+        n = int(keys.shape[0])
+        if self.used + n > MAX_LOAD * self.capacity:
+            while self.used + n > MAX_LOAD * self.capacity:
+                self.capacity *= 2
+            self._rehash()
+        self._make_room(self.used + n)
+        rows = tf.range(self.used, self.used + n, dtype=tf.int64)
+        for first, block_values, block_keys in self.blocks:
+            lo, hi = max(first, self.used), min(first + self._length(block_keys), self.used + n)
+            if lo < hi:
+                at = tf.range(lo - first, hi - first, dtype=tf.int64)
+                part = slice(lo - self.used, hi - self.used)
+                block_values.scatter_update(tf.IndexedSlices(values[part], at))
+                block_keys.scatter_update(tf.IndexedSlices(keys[part], at))
+        self._place(tf.stack([keys, rows], 1))
+        self.used += n
+
+    def data_bytes(self) -> int:
+        return self.capacity * INDEX_SLOT_BYTES + self.used * (self.dim * 4 + 8)
+
+    def _length(self, store: Any) -> int:
+        return int(self.tf.raw_ops.VariableShape(input=store.handle).numpy()[0])
+
+    def _place(self, entries: Any) -> None:
+        tf = self.tf
+        slots = tf.math.floormod(entries[:, 0] * self.multiplier, self.capacity)
+        tf.raw_ops.DisableCopyOnRead(resource=self.index.handle)
+        self.index.scatter_update(tf.IndexedSlices(entries, slots))
+
+    def _rehash(self) -> None:
+        """A new index of every slot written, the old one's entries placed in it."""
+        tf = self.tf
+        tf.raw_ops.DisableCopyOnRead(resource=self.index.handle)
+        old = self.index.read_value()
+        live = tf.gather(old, tf.where(old[:, 0] != -1)[:, 0])
+        del old
+        self.index.assign(tf.fill([self.capacity, 2], tf.constant(-1, tf.int64)))
+        self._place(live)
+
+    def _make_room(self, needed: int) -> None:
+        held = self.blocks[-1][0] + self._length(self.blocks[-1][2]) if self.blocks else 0
+        if needed <= held:
+            return
+        if self.layout == "one_buffer":
+            self._regrow(max(needed, int(MAX_LOAD * self.capacity)))
+            return
+        while held < needed:
+            size = self.block_rows
+            if self.layout == "geometric":
+                size <<= len(self.blocks)
+            values = unwritten_store(self.tf, size, self.dim, self.tf.float32)
+            self.blocks.append((held, values, unwritten_store(self.tf, size, None, self.tf.int64)))
+            held += size
+
+    def _regrow(self, rows: int) -> None:
+        """One store of ``rows`` rows left unwritten, the rows in use copied into it."""
+        tf = self.tf
+        values = unwritten_store(tf, rows, self.dim, tf.float32)
+        keys = unwritten_store(tf, rows, None, tf.int64)
+        if self.blocks:
+            _, old_values, old_keys = self.blocks.pop()
+            at = tf.range(self.used, dtype=tf.int64)
+            for old, new in ((old_values, values), (old_keys, keys)):
+                tf.raw_ops.DisableCopyOnRead(resource=old.handle)
+                new.scatter_update(tf.IndexedSlices(old.read_value()[: self.used], at))
+        self.blocks.append((0, values, keys))
+
+
+def phase_fill(args: argparse.Namespace) -> None:
+    """Fill one layout's table in this process; emit its seconds, RSS and data bytes."""
+    tf, runtime = import_tf(args.phase == "de_store")
+    if args.phase == "de_store":
+        import scale_curve
+
+        import de_store
+
+        variable = scale_curve.make_variable(tf, de_store, args.dim)
+        insert, data = variable.upsert, lambda: scale_curve.table_bytes(variable)
+    else:
+        table = PlainTable(tf, args.phase, args.dim, args.block_rows)
+        insert, data = table.insert, table.data_bytes
+    seconds = 0.0
+    for batch_keys, batch_values in harness.rows(args.keys, args.dim):
+        batch = tf.constant(batch_keys), tf.constant(batch_values)
+        start = time.perf_counter()
+        insert(*batch)
+        seconds += time.perf_counter() - start
+    del batch, batch_keys, batch_values  # the last batch's copies: not the table's
+    rss = current_rss()
+    harness.emit(
+        {"fill_s": seconds, "rss_after_import_bytes": runtime, "rss_after_fill_bytes": rss,
+         "data_bytes": data(), "over_data_and_runtime_mib": (rss - runtime - data()) / MIB}
+    )  # fmt: skip
+
+
+def phase_bfc_region(args: argparse.Namespace) -> None:
+    tf, runtime = import_tf(False)
+    store = unwritten_store(tf, REGION_PROBE_BYTES // 64, 16, tf.float32)
+    added = current_rss() - runtime
+    harness.emit({"store_bytes": REGION_PROBE_BYTES, "rss_added_bytes": added})
+    del store
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=50_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--block-rows", type=int, default=1 << 20)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--allocator", choices=("default", "system"), default="default")
+    parser.add_argument("--phase", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.phase == "bfc_region":
+        phase_bfc_region(args)
+        return
+    if args.phase:
+        phase_fill(args)
+        return
+    env = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"} if args.allocator == "system" else {}
+    options = ["--keys", str(args.keys), "--dim", str(args.dim)]
+    options += ["--block-rows", str(args.block_rows)]
+    result: dict[str, Any] = {"keys": args.keys, "dim": args.dim, "block_rows": args.block_rows,
+                              "allocator": args.allocator, "layouts": {}}  # fmt: skip
+    print(f"{args.keys:,} x {args.dim}, allocator {args.allocator}: RSS over data + runtime")
+    for layout in args.layouts.split(","):
+        if layout not in LAYOUTS:
+            raise SystemExit(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+        figures = harness.run_phase(__file__, layout, options, env=env)
+        result["layouts"][layout] = figures
+        print(f"  {layout:<11} fill {figures['fill_s']:6.1f} s  data "
+              f"{figures['data_bytes'] / MIB:8,.0f} MiB  over "
+              f"{figures['over_data_and_runtime_mib']:7,.0f} MiB", flush=True)  # fmt: skip
+    region = harness.run_phase(__file__, "bfc_region", options, env=env)
+    result["unwritten_store"] = region
+    print(f"  a {region['store_bytes'] / MIB:,.0f} MiB store left unwritten adds "
+          f"{region['rss_added_bytes'] / MIB:,.0f} MiB of RSS")  # fmt: skip
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()
