@@ -29,6 +29,10 @@ RSS a 4 GiB store left unwritten adds. TensorFlow's BFC allocator (oneDNN's defa
 allocator on x86 Linux) keeps an 8-byte handle for every 256 bytes of each region it
 reserves, written when the region is made: 1/32 of the region, written or not.
 
+``allocator_in_use_bytes``: what TensorFlow's CPU allocator counts in use after the fill
+(``tf.config.experimental.get_memory_info``; ``None`` where it keeps no count). The RSS
+over it is what the allocator holds free, and malloc's.
+
 ``--allocator system`` runs every process with ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1`` (malloc
 and free). Figures: ``over_data_and_runtime_mib`` per layout; the last line is the JSON.
 
@@ -193,8 +197,19 @@ def phase_fill(args: argparse.Namespace) -> None:
     rss = current_rss()
     harness.emit(
         {"fill_s": seconds, "rss_after_import_bytes": runtime, "rss_after_fill_bytes": rss,
-         "data_bytes": data(), "over_data_and_runtime_mib": (rss - runtime - data()) / MIB}
+         "data_bytes": data(), "over_data_and_runtime_mib": (rss - runtime - data()) / MIB,
+         "allocator_in_use_bytes": allocator_in_use(tf)}
     )  # fmt: skip
+
+
+def allocator_in_use(tf: Any) -> int | None:
+    """Bytes TensorFlow's CPU allocator counts in use (None where it keeps no count: the
+    system allocator answers 0, or raises, with a table filled)."""
+    try:
+        in_use = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
+    except (ValueError, tf.errors.OpError):
+        return None
+    return in_use or None
 
 
 def phase_bfc_region(args: argparse.Namespace) -> None:
@@ -235,9 +250,11 @@ def main() -> None:
             raise SystemExit(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
         figures = harness.run_phase(__file__, layout, options, env=env)
         result["layouts"][layout] = figures
+        in_use = figures["allocator_in_use_bytes"]
         print(f"  {layout:<11} fill {figures['fill_s']:6.1f} s  data "
               f"{figures['data_bytes'] / MIB:8,.0f} MiB  over "
-              f"{figures['over_data_and_runtime_mib']:7,.0f} MiB", flush=True)  # fmt: skip
+              f"{figures['over_data_and_runtime_mib']:7,.0f} MiB  allocator in use "
+              f"{'-' if in_use is None else f'{in_use / MIB:,.0f} MiB'}", flush=True)  # fmt: skip
     region = harness.run_phase(__file__, "bfc_region", options, env=env)
     result["unwritten_store"] = region
     print(f"  a {region['store_bytes'] / MIB:,.0f} MiB store left unwritten adds "
