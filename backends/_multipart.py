@@ -10,13 +10,15 @@ body for about half the CPU time a ``bytearray`` body costs it, the copy include
 object appears at its key only when ``close`` completes the upload; :meth:`discard` aborts
 it, leaving nothing behind.
 
-An object smaller than ``concurrency + 1`` parts goes as one ``put_object``, as s3fs's
-own ``pipe`` sends an object under two of its 50 MiB chunks: its first ``concurrency``
-full parts are held, not sent, until the object outgrows them, within the same bound
-(joined for the PUT, an object briefly holds twice its size).
-One request instead of a create, the parts and a complete, and a store that writes the
-object once instead of joining its parts (moto reads them all back to do it). An object
-that outgrows them starts the multipart upload with the parts held.
+An object smaller than ``whole_parts + 1`` parts goes as one ``put_object``: its first
+``whole_parts`` full parts are held, not sent, until the object outgrows them (then the
+multipart upload starts with them). One request instead of a create, the parts and a
+complete, and a store that writes the object once instead of joining its parts (moto
+reads them all back to do it); but nothing is sent before the object is complete, and one
+request moves the whole of it, where parts go side by side while the object is still being
+written. ``whole_parts=0`` sends every object of a full part or more in parts. Memory:
+``(max(concurrency, whole_parts) + 1) * part_size``, and a whole object is briefly held
+twice, joined for its PUT.
 
 s3fs's file object also reads in blocks, one ranged GET each (``block_size`` plus the bytes
 asked for). :class:`StreamingDownload` reads a sequential run of reads from a single GET of
@@ -54,9 +56,14 @@ class MultipartUpload(io.RawIOBase):
         Bytes per part (S3 requires at least 5 MiB for all parts but the last).
     concurrency:
         Most parts uploading at once; a write blocks while that many are in flight.
+    whole_parts:
+        Full parts held before the multipart upload starts: an object smaller than
+        ``whole_parts + 1`` parts goes as one PUT.
     """
 
-    def __init__(self, fs: Any, path: str, part_size: int, concurrency: int) -> None:
+    def __init__(
+        self, fs: Any, path: str, part_size: int, concurrency: int, whole_parts: int = 0
+    ) -> None:
         super().__init__()
         if part_size < 5 << 20:
             raise ValueError(f"S3 part_size must be >= 5 MiB, got {part_size}")
@@ -68,7 +75,7 @@ class MultipartUpload(io.RawIOBase):
         self._filled = 0
         self._upload_id: str | None = None
         self._held: list[bytes] = []  # full parts not sent while the object may go whole
-        self._concurrency = concurrency
+        self._whole_parts = whole_parts
         self._parts: list[concurrent.futures.Future[Any]] = []
         self._slots = threading.Semaphore(concurrency)
         self._done = False
@@ -94,7 +101,7 @@ class MultipartUpload(io.RawIOBase):
     def _send_part(self, last: bool = False) -> None:
         self._raise_failed()
         if self._upload_id is None:
-            if len(self._held) < self._concurrency:
+            if len(self._held) < self._whole_parts:
                 self._held.append(self._taken())  # the object may still go whole
                 return
             self._upload_id = self._call("create_multipart_upload", Key=self._key)["UploadId"]
@@ -139,7 +146,7 @@ class MultipartUpload(io.RawIOBase):
 
     def close(self) -> None:
         """Send the last part and complete the upload, or put an object smaller than
-        ``concurrency + 1`` parts whole."""
+        ``whole_parts + 1`` parts whole."""
         if self.closed:
             return
         try:

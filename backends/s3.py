@@ -39,9 +39,16 @@ class S3Backend(FsspecBackend):
     upload_part_size: int = 16 << 20
     #: Most parts of one streamed write uploading at once (memory: this + 1 parts).
     upload_concurrency: int = 4
+    #: Full parts a streamed write holds before it starts a multipart upload: a file smaller
+    #: than this + 1 parts (80 MiB) goes as one PUT once it is closed, as s3fs sends an
+    #: object under its chunk size; 0 sends every file of a part or more in parts, side by
+    #: side while it is written (memory: ``max(upload_concurrency, this) + 1`` parts).
+    upload_whole_parts: int = 4
 
     def _open_upload(self, full: str) -> Any:
-        return MultipartUpload(self.fs, full, self.upload_part_size, self.upload_concurrency)
+        return MultipartUpload(
+            self.fs, full, self.upload_part_size, self.upload_concurrency, self.upload_whole_parts
+        )
 
     @contextlib.contextmanager
     def open_read(self, path: str) -> Iterator[BinaryIO]:

@@ -51,9 +51,11 @@ def test_options_reach_s3fs_and_errors_name_the_url_not_the_secret(
 
 @pytest.fixture
 def small_parts(s3_location: StorageLocation, monkeypatch: pytest.MonkeyPatch) -> S3Backend:
-    """An S3 backend uploading 5 MiB parts, two at a time."""
+    """An S3 backend uploading 5 MiB parts, two at a time, holding two (files under 15 MiB
+    go as one PUT)."""
     monkeypatch.setattr(S3Backend, "upload_part_size", 5 << 20)
     monkeypatch.setattr(S3Backend, "upload_concurrency", 2)
+    monkeypatch.setattr(S3Backend, "upload_whole_parts", 2)
     backend = s3_location.open()
     assert isinstance(backend, S3Backend)
     return backend
@@ -96,11 +98,11 @@ def test_failed_overwrite_with_parts_keeps_old_object(small_parts: S3Backend) ->
     assert small_parts.read_bytes("f.bin") == b"old"
 
 
-def test_object_under_concurrency_plus_one_parts_goes_as_one_put(
+def test_object_under_whole_parts_plus_one_goes_as_one_put(
     small_parts: S3Backend, s3_requests: list[tuple[str, str]]
 ) -> None:
-    """Two parts in flight: up to two full parts are held, and an object that ends under
-    three parts is one PUT; one byte more starts a multipart upload with the held parts."""
+    """Two full parts held: an object that ends under three parts is one PUT; one byte
+    more starts a multipart upload with the held parts."""
     data = random.Random(9).randbytes(15 * MIB - 1)
     s3_requests.clear()
     with small_parts.open_write("whole.bin") as f:
@@ -117,6 +119,19 @@ def test_object_under_concurrency_plus_one_parts_goes_as_one_put(
     assert methods.count("upload_part") == 3
     assert small_parts.read_bytes("parts.bin") == data + b"x"
     assert small_parts.stats.bytes_written == 2 * len(data) + 1
+
+
+def test_without_whole_parts_every_full_part_is_sent_while_writing(
+    small_parts: S3Backend, s3_requests: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(S3Backend, "upload_whole_parts", 0)
+    data = random.Random(11).randbytes(5 * MIB + 3)
+    s3_requests.clear()
+    with small_parts.open_write("parts.bin") as f:
+        f.write(data)
+        assert [m for m, _ in s3_requests][:1] == ["create_multipart_upload"]
+    assert [m for m, _ in s3_requests].count("upload_part") == 2
+    assert small_parts.read_bytes("parts.bin") == data
 
 
 def test_failed_write_under_the_put_size_sends_nothing(
