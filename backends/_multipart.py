@@ -1,4 +1,4 @@
-"""Streamed transfers of one S3 object: a concurrent multipart upload and a one-GET download.
+"""A streamed upload of one S3 object: a concurrent multipart upload.
 
 s3fs's own file object uploads one block at a time, waiting for each: a shard's writer then
 alternates between encoding and waiting on the network. :class:`MultipartUpload` instead
@@ -19,14 +19,6 @@ request moves the whole of it, where parts go side by side while the object is s
 written. ``whole_parts=0`` sends every object of a full part or more in parts. Memory:
 ``(max(concurrency, whole_parts) + 1) * part_size``, and a whole object is briefly held
 twice, joined for its PUT.
-
-s3fs's file object also reads in blocks, one ranged GET each (``block_size`` plus the bytes
-asked for). :class:`StreamingDownload` reads a sequential run of reads from a single GET of
-the rest of the object, holding no buffer of its own: a store then serves the object once,
-not once per block, and each request's latency is paid once. A seek elsewhere (backwards,
-or further forwards than ``skip_limit``) starts a new GET from there. Between reads the
-open GET holds one connection of the filesystem's pool (``max_pool_connections``) until
-the file is closed, as ``open_read``'s context does on exit.
 """
 
 from __future__ import annotations
@@ -37,8 +29,6 @@ import io
 import threading
 from typing import Any
 
-import aiohttp
-from botocore.exceptions import BotoCoreError
 from fsspec.asyn import sync
 
 
@@ -192,124 +182,3 @@ class MultipartUpload(io.RawIOBase):
                 self._call("abort_multipart_upload", Key=self._key, UploadId=self._upload_id)
         finally:
             super().close()
-
-
-class StreamingDownload(io.RawIOBase):
-    """Read ``path`` on an s3fs filesystem: seekable, one streamed GET per sequential run.
-
-    Parameters
-    ----------
-    fs:
-        An ``s3fs.S3FileSystem`` (its event loop, retries and request arguments apply).
-    path:
-        ``bucket/key`` of the object.
-    size:
-        The object's size in bytes (a missing object raises on ``fs.size`` before this).
-    skip_limit:
-        Most bytes a forward seek reads and drops from the open GET instead of starting
-        a new one.
-    """
-
-    def __init__(self, fs: Any, path: str, size: int, skip_limit: int = 1 << 20) -> None:
-        super().__init__()
-        self._fs = fs
-        self._bucket, self._key, self._version = fs.split_path(path)
-        self._size = size
-        self._skip_limit = skip_limit
-        self._pos = 0
-        self._body: Any = None
-        self._body_pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
-        if end <= self._pos:
-            return b""
-        try:
-            data: bytes = sync(self._fs.loop, self._read, self._pos, end - self._pos)
-        except (TimeoutError, aiohttp.ClientError) as err:
-            raise OSError(f"cannot read s3://{self._bucket}/{self._key}: {err!r}") from err
-        self._pos = end
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-    async def _read(self, start: int, length: int) -> bytes:
-        """Bytes ``[start, start + length)``, from the open GET when it can serve them."""
-        reused = self._body is not None
-        try:
-            return await self._take_from(start, length)
-        except (TimeoutError, aiohttp.ClientError, BotoCoreError, OSError):
-            if not reused:
-                raise
-            # The open GET went stale (a long pause, a dropped connection): once more anew.
-            self._close_body()
-            return await self._take_from(start, length)
-
-    async def _take_from(self, start: int, length: int) -> bytes:
-        gap = start - self._body_pos
-        if self._body is None or not 0 <= gap <= self._skip_limit:
-            await self._open(start)
-        elif gap:
-            await self._take(gap)
-        return await self._take(length)
-
-    async def _open(self, start: int) -> None:
-        self._close_body()
-        response = await self._fs._call_s3(
-            "get_object",
-            Bucket=self._bucket,
-            Key=self._key,
-            Range=f"bytes={start}-{self._size - 1}",
-            **({"VersionId": self._version} if self._version else {}),
-        )
-        self._body, self._body_pos = response["Body"], start
-
-    async def _take(self, length: int) -> bytes:
-        """The next ``length`` bytes of the open GET (OSError if it ends before)."""
-        chunks, missing = [], length
-        try:
-            while missing:
-                chunk = await self._body.read(missing)
-                if not chunk:
-                    at, wanted = self._body_pos + length - missing, self._body_pos + length
-                    raise OSError(
-                        f"s3://{self._bucket}/{self._key} ended at byte {at}, before byte {wanted}"
-                    )
-                chunks.append(chunk)
-                missing -= len(chunk)
-        except BaseException:
-            self._close_body()
-            raise
-        self._body_pos += length
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def _close_body(self) -> None:
-        if self._body is not None:
-            self._body.close()
-            self._body = None
-
-    def close(self) -> None:
-        """Drop the open GET, if any."""
-        if not self.closed:
-            self._close_body()
-        super().close()

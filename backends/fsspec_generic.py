@@ -166,11 +166,15 @@ class FsspecBackend(Backend):
     def open_read(self, path: str) -> Iterator[BinaryIO]:
         full = self._full(path)
         with self._translating("read", path):
-            raw = self.fs.open(full, "rb")
+            raw = self._open_download(full)
         try:
             yield self._counting(raw, path)
         finally:
             raw.close()
+
+    def _open_download(self, full: str) -> Any:
+        """The readable file behind ``open_read`` (a store's streamed reader may replace it)."""
+        return self.fs.open(full, "rb")
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         if start < 0 or end < start:

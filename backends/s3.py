@@ -3,22 +3,22 @@
 No rename: objects are written once under their final names (a multipart upload becomes
 visible only when it completes; a failed one is aborted) and a commit marker decides
 visibility. A streamed write uploads its parts concurrently while the shard is still being
-encoded, and a streamed read takes a sequential run of reads from one GET (see
-:mod:`._multipart`). ``write_once`` is a conditional put (``If-None-Match: *``), which S3
-and moto honour. Against moto or another endpoint, give ``endpoint_url`` but no
-``region_name``.
+encoded (see :mod:`._multipart`), and a streamed read takes a sequential run of reads from
+one GET (see :mod:`._streaming`). ``write_once`` is a conditional put
+(``If-None-Match: *``), which S3 and moto honour. Against moto or another endpoint, give
+``endpoint_url`` but no ``region_name``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any
 
 from botocore.exceptions import BotoCoreError
 from fsspec.asyn import sync
 
-from ._multipart import MultipartUpload, StreamingDownload
+from ._multipart import MultipartUpload
+from ._streaming import StreamingDownload
 from .base import Capabilities
 from .fsspec_generic import FsspecBackend
 
@@ -50,16 +50,22 @@ class S3Backend(FsspecBackend):
             self.fs, full, self.upload_part_size, self.upload_concurrency, self.upload_whole_parts
         )
 
-    @contextlib.contextmanager
-    def open_read(self, path: str) -> Iterator[BinaryIO]:
-        full = self._full(path)
-        with self._translating("read", path):
-            self.fs.invalidate_cache(full)
-            raw: Any = StreamingDownload(self.fs, full, int(self._file_info(full)["size"]))
-        try:
-            yield self._counting(raw, path)
-        finally:
-            raw.close()
+    def _open_download(self, full: str) -> Any:
+        """One streamed GET per sequential run of reads (:mod:`._streaming`), after one
+        HEAD for the object's size."""
+        self.fs.invalidate_cache(full)
+        size = int(self._file_info(full)["size"])
+        bucket, key, version = self.fs.split_path(full)
+        version_arg = {"VersionId": version} if version else {}
+
+        async def open_get(start: int) -> Any:
+            response = await self.fs._call_s3(
+                "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{size - 1}",
+                **version_arg,
+            )  # fmt: skip
+            return response["Body"]
+
+        return StreamingDownload(self.fs.loop, open_get, f"s3://{full}", size, (BotoCoreError,))
 
     def read_bytes(self, path: str) -> bytes:
         """One GET of the object (s3fs's ``cat_file`` asks for a HEAD first, to split a

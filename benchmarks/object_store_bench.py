@@ -41,7 +41,8 @@ the process it serves):
   rows saved;
 * ``requests``: the requests each side made, counted at the client's one request method
   (``S3FileSystem._call_s3``, ``GCSFileSystem._call``, wrapped in every process of the run),
-  by method;
+  and at ``aiohttp.ClientSession.get`` of a GCS media URL (de_store's streamed reads of
+  GCS objects), by method;
 * ``local``: the same saves and fresh-process restores on a local folder: what a restore
   costs besides the network (reading the file from the page cache, checking, parsing,
   indexing and loading the table).
@@ -147,6 +148,19 @@ def count_requests() -> None:
 
     s3fs.S3FileSystem._call_s3 = counted_s3
     gcsfs.GCSFileSystem._call = counted_gcs
+
+    # de_store's streamed reads of GCS objects GET the media URL through gcsfs's session
+    # (backends/gcs.py), not through ``_call``.
+    import aiohttp
+
+    session_get = aiohttp.ClientSession.get
+
+    def counted_get(self: Any, url: Any, *args: Any, **kwargs: Any) -> Any:
+        if "/download/storage/v1/" in str(url):
+            _count("GET object")
+        return session_get(self, url, *args, **kwargs)
+
+    aiohttp.ClientSession.get = counted_get  # type: ignore[method-assign]
 
 
 def _gcs_kind(path: str, kwargs: dict[str, Any]) -> str:

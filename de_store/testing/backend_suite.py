@@ -76,6 +76,25 @@ class BackendTests:
             f.seek(0)
             assert f.read() == data
 
+    def test_open_read_serves_any_seek_pattern(self, backend: Backend) -> None:
+        """Sequential reads, short skips forwards, seeks anywhere, from the end and past
+        it: a streamed reader's every path (one GET per run on S3 and GCS)."""
+        data = payload(3 * MIB + 17)
+        backend.write_bytes("r.bin", data)
+        rng = random.Random(5)
+        with backend.open_read("r.bin") as f:
+            assert f.read(10) == data[:10]
+            assert f.read(MIB) == data[10 : 10 + MIB]
+            f.seek(100, 1)
+            assert f.read(5) == data[MIB + 110 : MIB + 115]
+            for _ in range(20):
+                start, size = rng.randrange(len(data)), rng.randrange(2 * MIB)
+                f.seek(start)
+                assert f.read(size) == data[start : start + size]
+            f.seek(-7, 2)
+            assert f.read() == data[-7:]
+            assert f.read(3) == b""
+
     def test_read_range(self, backend: Backend) -> None:
         data = payload(10_000)
         backend.write_bytes("f.bin", data)

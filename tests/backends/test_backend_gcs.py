@@ -74,6 +74,7 @@ def test_size_and_write_once_ask_for_the_one_object(
 
 
 CHUNK = 256 << 10  # the smallest chunk GCS takes
+MIB = 1 << 20
 
 
 @pytest.fixture
@@ -213,3 +214,57 @@ def test_failed_chunk_upload_names_the_object(
     with pytest.raises(StorageNotFoundError) as lost, missing.open_write("big.bin") as f:
         f.write(bytes(3 * CHUNK))
     assert str(lost.value) == "cannot write gs://no-such-bucket/x/big.bin: no such file or object"
+
+
+@pytest.fixture
+def media_gets(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ``Range`` of every GET of an object's media through gcsfs's session from here
+    on (de_store's streamed reads), patched on aiohttp's session class."""
+    import aiohttp
+
+    made: list[str] = []
+    get = aiohttp.ClientSession.get
+
+    def counting(self: Any, url: Any, *args: Any, **kwargs: Any) -> Any:
+        if "/download/storage/v1/" in str(url):
+            made.append((kwargs.get("headers") or {}).get("Range", ""))
+        return get(self, url, *args, **kwargs)
+
+    monkeypatch.setattr(aiohttp.ClientSession, "get", counting)
+    return made
+
+
+def test_sequential_streamed_read_is_one_get(
+    gcs_location: StorageLocation, gcs_requests: list[tuple[str, str]], media_gets: list[str]
+) -> None:
+    """One GET of the object's metadata (its size), then one GET of its media for a run of
+    sequential reads, where gcsfs's file makes one GET a 5 MiB block."""
+    backend = gcs_location.open()
+    data = random.Random(6).randbytes(12 * MIB + 5)
+    backend.write_bytes("r.bin", data)
+    gcs_requests.clear()
+    with backend.open_read("r.bin") as f:
+        chunks = [f.read(MIB // 3) for _ in range(37)]
+        chunks.append(f.read())
+    assert b"".join(chunks) == data
+    assert gcs_requests == [("GET", "")]
+    assert media_gets == [f"bytes=0-{len(data) - 1}"]
+
+
+def test_streamed_read_goes_on_after_its_connection_drops(gcs_location: StorageLocation) -> None:
+    backend = gcs_location.open()
+    data = random.Random(7).randbytes(2 * MIB)
+    backend.write_bytes("r.bin", data)
+    with backend.open_read("r.bin") as f:
+        assert f.read(MIB) == data[:MIB]
+        f._raw._body._response.close()  # type: ignore[attr-defined]  # as a server would
+        assert f.read(MIB) == data[MIB:]
+
+
+def test_streamed_read_of_a_missing_object_names_it(gcs_location: StorageLocation) -> None:
+    backend = gcs_location.open()
+    with pytest.raises(StorageNotFoundError) as info, backend.open_read("missing.bin"):
+        pass
+    assert str(info.value) == (
+        "cannot read gs://de-store-test/root/missing.bin: no such file or object"
+    )

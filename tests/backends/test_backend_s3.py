@@ -154,25 +154,6 @@ def test_streamed_write_to_missing_bucket_names_the_object(s3_location: StorageL
         f.write(bytes(20 * MIB))
 
 
-def test_streamed_read_serves_any_seek_pattern(s3_location: StorageLocation) -> None:
-    backend = s3_location.open()
-    data = random.Random(4).randbytes(3 * MIB + 17)
-    backend.write_bytes("r.bin", data)
-    rng = random.Random(5)
-    with backend.open_read("r.bin") as f:
-        assert f.read(10) == data[:10]
-        assert f.read(MIB) == data[10 : 10 + MIB]  # sequential: same GET
-        f.seek(100, 1)  # a short skip forwards: read and dropped
-        assert f.read(5) == data[MIB + 110 : MIB + 115]
-        for _ in range(20):
-            start, size = rng.randrange(len(data)), rng.randrange(2 * MIB)
-            f.seek(start)
-            assert f.read(size) == data[start : start + size]
-        f.seek(-7, 2)
-        assert f.read() == data[-7:]
-        assert f.read(3) == b""
-
-
 @pytest.fixture
 def s3_requests(
     s3_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
