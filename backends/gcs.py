@@ -19,6 +19,7 @@ from typing import Any
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from fsspec.asyn import sync
+from gcsfs.retry import HttpError, retry_request, validate_response
 from google.auth.exceptions import GoogleAuthError
 
 from ._gcs_upload import ResumableUpload
@@ -33,7 +34,9 @@ class GCSBackend(FsspecBackend):
     protocol = "gs"
     capabilities = Capabilities(supports_atomic_rename=False)
     makes_parent_dirs = False
-    native_errors = (OSError, GoogleAuthError)
+    #: gcsfs raises what the store answered, when its retries gave out, as HttpError (a
+    #: 5xx, a 429), not as OSError.
+    native_errors = (OSError, GoogleAuthError, HttpError)
     #: Storage options are checked (see :mod:`.options`): GCSFileSystem's, and the retry
     #: and copy settings gcsfs's extended filesystem reads from its keywords.
     storage_options_extra: tuple[str, ...] = (
@@ -56,8 +59,6 @@ class GCSBackend(FsspecBackend):
         session, credentials and retries of a failed request."""
         if hasattr(self.fs, "_is_zonal_bucket"):  # gcsfs's experimental filesystem
             return super()._open_download(full)
-        from gcsfs.retry import retry_request, validate_response
-
         fs, size = self.fs, int(self._file_info(full)["size"])
         url = fs.url(full)
 

@@ -268,3 +268,25 @@ def test_streamed_read_of_a_missing_object_names_it(gcs_location: StorageLocatio
     assert str(info.value) == (
         "cannot read gs://de-store-test/root/missing.bin: no such file or object"
     )
+
+
+def test_a_store_error_after_gcsfs_retries_names_the_object(
+    gcs_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gcsfs raises a 5xx it gave up retrying as HttpError, not OSError: it is translated
+    like the store's other errors, with the object's URL."""
+    import gcsfs
+    from gcsfs.retry import HttpError
+
+    backend = gcs_location.open()
+    backend.write_bytes("f.bin", b"abc")
+
+    async def unavailable(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        raise HttpError({"code": 503, "message": "service unavailable"})
+
+    monkeypatch.setattr(gcsfs.GCSFileSystem, "_call", unavailable)
+    with pytest.raises(BackendError) as info:
+        backend.read_bytes("f.bin")
+    assert str(info.value) == (
+        "cannot read gs://de-store-test/root/f.bin: HttpError: service unavailable, 503"
+    )
