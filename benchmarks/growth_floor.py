@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from typing import Any
 
 import _harness as harness
+import scale_curve
+from scale_curve import current_rss
 
 MIB = 1 << 20
 LAYOUTS = ("de_store", "one_buffer", "blocks", "geometric")
@@ -60,14 +60,6 @@ FIRST_SLOTS = 1 << 17
 #: An odd 64-bit multiplier (two's complement): the plain tables' hash of a key.
 HASH_MULTIPLIER = -7046029254386353131
 REGION_PROBE_BYTES = 4 << 30
-
-
-def current_rss() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def import_tf(with_de_store: bool) -> tuple[Any, int]:
@@ -178,8 +170,6 @@ def phase_fill(args: argparse.Namespace) -> None:
     """Fill one layout's table in this process; emit its seconds, RSS and data bytes."""
     tf, runtime = import_tf(args.phase == "de_store")
     if args.phase == "de_store":
-        import scale_curve
-
         import de_store
 
         variable = scale_curve.make_variable(tf, de_store, args.dim)
@@ -194,10 +184,10 @@ def phase_fill(args: argparse.Namespace) -> None:
         insert(*batch)
         seconds += time.perf_counter() - start
     del batch, batch_keys, batch_values  # the last batch's copies: not the table's
-    rss = current_rss()
+    rss, data_bytes = current_rss(), data()
     harness.emit(
         {"fill_s": seconds, "rss_after_import_bytes": runtime, "rss_after_fill_bytes": rss,
-         "data_bytes": data(), "over_data_and_runtime_mib": (rss - runtime - data()) / MIB,
+         "data_bytes": data_bytes, "over_data_and_runtime_mib": (rss - runtime - data_bytes) / MIB,
          "allocator_in_use_bytes": allocator_in_use(tf)}
     )  # fmt: skip
 
@@ -263,5 +253,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     main()

@@ -132,6 +132,7 @@ _REQUESTS_LOCK = threading.Lock()
 
 def count_requests() -> None:
     """Count every request s3fs and gcsfs make in this process into ``REQUESTS``, by method."""
+    import aiohttp
     import gcsfs
     import s3fs
 
@@ -151,8 +152,6 @@ def count_requests() -> None:
 
     # de_store's streamed reads of GCS objects GET the media URL through gcsfs's session
     # (backends/gcs.py), not through ``_call``.
-    import aiohttp
-
     session_get = aiohttp.ClientSession.get
 
     def counted_get(self: Any, url: Any, *args: Any, **kwargs: Any) -> Any:
