@@ -11,11 +11,16 @@ when a page would pass :data:`PAGE_BYTES`), then the footer Thrift-encoded by ha
 file is the one Arrow writes in every respect a reader sees: the same Parquet schema,
 ``ARROW:schema`` and key-value metadata, key statistics and column orders.
 
-:func:`supports` says which schemas it takes: integer keys and float32/float64/int32/int64
-value and extra columns, all non-null. The others (string keys, 8- and 16-bit values)
-go through Arrow's writer. With ``compression="zstd"`` or ``"lz4"`` each page (its levels
-and values) is compressed with Arrow's codec (lz4: Parquet's LZ4_RAW); the levels cost no
-more than uncompressed, so the codec is all a compressed save adds. The codec runs in
+:func:`supports` says which schemas it takes: integer keys, float32/float64/int32/int64
+and float16 value and extra columns (lists or not) and ``fixed_size_binary`` ones (the
+rows of values stored at a lower precision, packed), all non-null. float16 and
+``fixed_size_binary`` are Parquet's FIXED_LEN_BYTE_ARRAY (float16 with its FLOAT16 logical
+type), as Arrow writes them. The others (string keys, lists of 8- and 16-bit integers,
+which Parquet widens to 32 bits) go through Arrow's writer.
+
+With ``compression="zstd"`` or ``"lz4"`` each page (its levels and values) is compressed
+with Arrow's codec (lz4: Parquet's LZ4_RAW); the levels cost no more than uncompressed,
+so the codec is all a compressed save adds. The codec runs in
 background threads, beside the writes: :meth:`PlainParquetWriter.prepare` starts
 compressing a batch's pages before its turn comes (the format prepares the next parts
 while it writes one). A zstd page is compressed as frames side by side, one after the
@@ -50,6 +55,9 @@ CREATED_BY = b"de_store plain parquet writer"
 
 # Parquet enums (parquet.thrift).
 _PHYSICAL = {pa.int32(): 1, pa.int64(): 2, pa.float32(): 4, pa.float64(): 5}
+#: FIXED_LEN_BYTE_ARRAY: a ``fixed_size_binary`` column (each row's bytes, PLAIN: one after
+#: the other) and float16 (2 bytes, with the FLOAT16 logical type), as Arrow stores them.
+_FIXED_LEN = 7
 _REQUIRED, _REPEATED = 0, 2
 _CONVERTED_LIST = 3
 _PLAIN, _RLE = 0, 3
@@ -77,7 +85,15 @@ _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _STRUCT = (
 
 def supports(schema: pa.Schema) -> bool:
     """Whether every column of ``schema`` is a fixed-width type this writer encodes."""
-    return all(not field.nullable and _leaf_type(field.type) in _PHYSICAL for field in schema)
+    return all(not field.nullable and _physical(field.type) is not None for field in schema)
+
+
+def _physical(type_: pa.DataType) -> int | None:
+    """The Parquet physical type of a column of ``type_`` (None: not written here)."""
+    leaf = _leaf_type(type_)
+    if leaf == pa.float16() or pa.types.is_fixed_size_binary(leaf):
+        return _FIXED_LEN
+    return _PHYSICAL.get(leaf)
 
 
 def _leaf_type(type_: pa.DataType) -> pa.DataType:
@@ -153,8 +169,10 @@ def _repetition_period(width: int) -> tuple[int, bytes]:
     return rows, np.packbits(bits, bitorder="little").tobytes()
 
 
+@functools.lru_cache(maxsize=4)
 def _levels(rows: int, width: int) -> bytes:
-    """Length-prefixed repetition then definition levels of ``rows`` full lists.
+    """Length-prefixed repetition then definition levels of ``rows`` full lists (the same
+    for every part of a shard but its last: the few latest are kept).
 
     Repetition: one bit-packed run (bit width 1) of ``0`` then ``width - 1`` ones per row.
     Definition: one RLE run of ``rows * width`` ones.
@@ -194,6 +212,11 @@ def _raw_values(array: pa.Array) -> memoryview:
     if pa.types.is_fixed_size_list(array.type):  # its rows of the unsliced child
         width = array.type.list_size
         array = array.values.slice(array.offset * width, len(array) * width)
+    if pa.types.is_fixed_size_binary(array.type):  # numpy has no dtype of its rows
+        size, data = array.type.byte_width, array.buffers()[1]
+        if data is None:
+            return memoryview(b"")
+        return memoryview(data.slice(array.offset * size, len(array) * size)).cast("B")
     return memoryview(array.to_numpy(zero_copy_only=True)).cast("B")
 
 
@@ -214,25 +237,47 @@ def _pages(column: pa.Array) -> list[tuple[int, bytes, memoryview]]:
 
 #: A page of a column chunk: its rows, levels and values' bytes, and the frames of its
 #: compressed bytes being compressed (``None``: written uncompressed).
-_Page = tuple[int, bytes, memoryview, list[Future[bytes]] | None]
+_Page = tuple[int, bytes, memoryview, list[Future[memoryview]] | None]
 
 _CODEC_POOL = LazyPool(_CODEC_THREADS, "de_store-codec")
 
 
-def _compress_frames(codec: Any, levels: bytes, body: memoryview) -> list[Future[bytes]]:
+def _compress_frames(codec: Any, levels: bytes, body: memoryview) -> list[Future[memoryview]]:
     """The page ``levels + body`` being compressed by the codec threads: zstd's as the
     levels, then the values cut into frames of :data:`FRAME_BYTES` or more, as many as
     threads; a raw LZ4 page as one block (its pages and the next parts' are compressed
     side by side)."""
     if codec.name != "zstd":
-        page = levels + body if levels else body
-        return [_CODEC_POOL.submit(codec.compress, page, asbytes=True)]
+        page = (levels, body) if levels else (body,)
+        return [_CODEC_POOL.submit(_compress, codec, *page)]
     frames = max(1, min(_CODEC_THREADS, body.nbytes // FRAME_BYTES))
     step = -(-body.nbytes // frames) if body.nbytes else 1
     pieces: list[Any] = [levels] if levels else []
     pieces += [body[i : i + step] for i in range(0, body.nbytes, step)] or [body]
-    # Arrow's codec lets go of the interpreter lock while it compresses.
-    return [_CODEC_POOL.submit(codec.compress, piece, asbytes=True) for piece in pieces]
+    return [_CODEC_POOL.submit(_compress, codec, piece) for piece in pieces]
+
+
+def _compress(codec: Any, *pieces: bytes | memoryview) -> memoryview:
+    """``pieces`` joined and compressed as one frame or block, in a buffer of Arrow's
+    memory pool (Arrow's codec lets go of the interpreter lock while it compresses).
+
+    Every buffer comes from the pool, the compressed frame and the joined page alike: the
+    pool hands the memory of the frames a save has written to its next ones. A ``bytes``
+    a frame comes from malloc, which hands freed blocks of this size back to the system,
+    so each frame was written into pages new to the process, and first touches cost
+    more than the copy (docs/benchmarks.md, *Fewer bytes*).
+    """
+    data: Any = pieces[0]
+    if len(pieces) > 1:
+        data = pa.allocate_buffer(sum(memoryview(p).nbytes for p in pieces))
+        view, at = memoryview(data).cast("B"), 0
+        for piece in pieces:
+            size = memoryview(piece).nbytes
+            view[at : at + size] = piece
+            at += size
+    out = codec.compress(data, asbytes=False)
+    # The slice: a resizable buffer's memoryview spans its capacity, not its size.
+    return memoryview(out.slice(0, out.size)).cast("B")
 
 
 def _page_header(size: int, values: int, compressed: int | None = None) -> bytes:
@@ -392,24 +437,37 @@ class PlainParquetWriter:
 
     def _schema_elements(self) -> list[bytes]:
         def element(name: str, repetition: int, **extra: bytes) -> bytes:
+            logical = (
+                _struct((3, _STRUCT, _struct())) if "list" in extra  # LIST
+                else _struct((15, _STRUCT, _struct())) if "float16" in extra  # FLOAT16
+                else None
+            )  # fmt: skip
             return _struct(
                 (1, _I32, extra["type"]) if "type" in extra else None,
+                (2, _I32, extra["length"]) if "length" in extra else None,
                 (3, _I32, _int(repetition)),
                 (4, _BINARY, _binary(name.encode())),
                 (5, _I32, extra["children"]) if "children" in extra else None,
                 (6, _I32, _int(_CONVERTED_LIST)) if "list" in extra else None,
-                (10, _STRUCT, _struct((3, _STRUCT, _struct()))) if "list" in extra else None,
+                (10, _STRUCT, logical) if logical is not None else None,
             )
 
         out = [_struct((4, _BINARY, _binary(b"schema")), (5, _I32, _int(len(self._schema))))]
         for field in self._schema:
-            physical = _int(_PHYSICAL[_leaf_type(field.type)])
+            leaf = _leaf_type(field.type)
+            physical = _physical(leaf)
+            assert physical is not None  # supports(schema)
+            typed = {"type": _int(physical)}
+            if physical == _FIXED_LEN:
+                typed["length"] = _int(leaf.byte_width)
+                if leaf == pa.float16():
+                    typed["float16"] = b""
             if pa.types.is_fixed_size_list(field.type):
                 out.append(element(field.name, _REQUIRED, children=_int(1), list=b""))
                 out.append(element("list", _REPEATED, children=_int(1)))
-                out.append(element(field.type.value_field.name, _REQUIRED, type=physical))
+                out.append(element(field.type.value_field.name, _REQUIRED, **typed))
             else:
-                out.append(element(field.name, _REQUIRED, type=physical))
+                out.append(element(field.name, _REQUIRED, **typed))
         return out
 
     def _path(self, field: pa.Field) -> list[bytes]:
@@ -420,8 +478,10 @@ class PlainParquetWriter:
     def _column_meta_head(self, field: pa.Field) -> bytes:
         """The fields 1 to 4 of a ColumnMetaData of ``field`` (the same in every row group),
         encoded as :func:`_struct` encodes them, without its stop byte."""
+        physical = _physical(field.type)
+        assert physical is not None  # supports(schema)
         return _struct(
-            (1, _I32, _int(_PHYSICAL[_leaf_type(field.type)])),
+            (1, _I32, _int(physical)),
             (2, _LIST, _list(_I32, [_int(_RLE), _int(_PLAIN)])),
             (3, _LIST, _list(_BINARY, [_binary(p) for p in self._path(field)])),
             (4, _I32, _int(self._codec_id)),

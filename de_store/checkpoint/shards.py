@@ -135,21 +135,35 @@ def _bucketed_batches(
 
 
 def _table_order_batches(
-    shard: ShardRows | SnapshotRows, make: BatchMaker, buffer_size: int, out: list[int]
+    shard: ShardRows | SnapshotRows,
+    make: BatchMaker,
+    buffer_size: int,
+    out: list[int],
+    encoded: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Batches of at most ``buffer_size`` rows in the order ``shard`` holds them, each
     of the shard's one bucket (``out`` gets a 0 a batch): slices of its arrays (zero-copy;
     a table snapshot read in store order is the row store itself), or, for values given
-    as rows of the store, gathered a chunk at a time in helper threads."""
+    as rows of the store, gathered a chunk at a time in helper threads.
+
+    ``encoded``: ``make`` stores the values at another precision, a conversion of every
+    value, made for the next batches in helper threads while this one is written (numpy
+    lets go of the interpreter lock while it converts)."""
     keys, columns = shard.keys, dict(shard.columns)
     values = columns.pop(VALUE_COLUMN)
     arrays = {name: c for name, c in columns.items() if isinstance(c, np.ndarray)}
     if isinstance(values, np.ndarray) and len(arrays) == len(columns):
-        for at in range(0, len(keys), buffer_size):
+
+        def piece(at: int) -> pa.RecordBatch:
             end = at + buffer_size
-            out.append(0)
             extras = {name: c[at:end] for name, c in arrays.items()}
-            yield make(keys[at:end], values[at:end], extras)
+            return make(keys[at:end], values[at:end], extras)
+
+        starts = range(0, len(keys), buffer_size)
+        pieces = map_ahead(piece, starts, GATHER_AHEAD, "encode") if encoded else map(piece, starts)
+        for batch in pieces:
+            out.append(0)
+            yield batch
         return
 
     def gather(at: int) -> pa.RecordBatch:
@@ -233,7 +247,8 @@ def write_shard(
     num_buckets = choose_num_buckets(shard.rows) if bucketed else 1
     make = batch_maker(info.arrow_schema(), precision, rows.name)
     if num_buckets == 1:
-        batches = _table_order_batches(shard, make, buffer_size, part_buckets)
+        encoded = precision is not None
+        batches = _table_order_batches(shard, make, buffer_size, part_buckets, encoded)
     else:
         batches = _bucketed_batches(shard, rows.key_dtype, make, buffer_size, part_buckets)
     shard_info = fmt.write(backend, path, batches, schema_info=info, buffer_size=buffer_size)

@@ -7,6 +7,7 @@ key statistics, whatever the dtypes, widths, row group sizes and page splits.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -137,8 +138,8 @@ def test_empty_shard_is_a_valid_parquet_file(tmp_path):
     ("schema_info", "compression"),
     [
         (SchemaInfo("emb", 4, "string"), "none"),
-        (SchemaInfo("emb", 4, "int64", "float16"), "none"),
         (SchemaInfo("emb", 4, "int64", "bfloat16"), "none"),
+        (SchemaInfo("emb", 4, "int64", "int8"), "zstd"),
         (SchemaInfo("emb", 4), "snappy"),
     ],
 )
@@ -152,6 +153,51 @@ def test_other_shards_are_written_by_arrow(tmp_path, schema_info, compression):
         schema_info=schema_info,
     )
     assert pq.ParquetFile(tmp_path / "s.parquet").metadata.created_by.startswith("parquet-cpp")
+
+
+PACKED = {"packed_bfloat16": ml_dtypes.bfloat16, "packed_float16": np.float16,
+          "packed_int8": np.int8}  # fmt: skip
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
+@pytest.mark.parametrize("value_dtype", [*PACKED, "float16"])
+def test_packed_rows_and_float16_are_written_here_as_arrow_would(
+    tmp_path, monkeypatch, value_dtype, compression
+):
+    """Values stored at a lower precision (each row's bytes one ``fixed_size_binary``
+    value), their float16 scales, and float16 lists: Parquet's FIXED_LEN_BYTE_ARRAY, the
+    schema, logical types and table Arrow's writer gives, read back here exactly."""
+    rng = np.random.default_rng(3)
+    n, dim = 700, 6
+    if value_dtype in PACKED:
+        values = (rng.standard_normal((n, dim)) * 50).astype(PACKED[value_dtype])
+    else:
+        values = rng.standard_normal((n, dim)).astype(np.float16)
+    scale = rng.random(n).astype(np.float16)
+    extras = (ExtraColumn("value_scale", "float16"), ExtraColumn("freq", "int64"))
+    schema_info = SchemaInfo("emb", dim, "int64", value_dtype, extras=extras)
+    keys, freq = make_keys(n, "int64"), np.arange(n, dtype=np.int64)
+    batch = batch_from_numpy(keys, values, {"value_scale": scale, "freq": freq},
+                             schema=schema_info.arrow_schema())  # fmt: skip
+    info, ours, reference = write_both(tmp_path, schema_info, [batch], 256, compression)
+    assert_same_file_view(ours, reference)
+    schema = pq.ParquetFile(ours).schema
+    scale_column = schema.column(schema.names.index("value_scale"))
+    assert (scale_column.physical_type, scale_column.length) == ("FIXED_LEN_BYTE_ARRAY", 2)
+    assert str(scale_column.logical_type) == "Float16"
+    value_column = schema.column(schema.names.index("element" if value_dtype == "float16"
+                                                    else "value"))  # fmt: skip
+    assert value_column.physical_type == "FIXED_LEN_BYTE_ARRAY"
+    assert value_column.length == values.itemsize * (1 if value_dtype == "float16" else dim)
+
+    def no_arrow_reader(*args, **kwargs):
+        raise AssertionError("Arrow's Parquet reader was used")
+
+    monkeypatch.setattr("de_store.formats.parquet.pq.ParquetFile", no_arrow_reader)
+    got_keys, got_values, got = _read_back(tmp_path, info, buffer_size=300)
+    assert same(got_keys, keys) and same(got["freq"], freq)
+    assert got_values.tobytes() == values.tobytes()
+    assert got["value_scale"].tobytes() == scale.tobytes()
 
 
 def test_null_values_are_refused_naming_the_shard_and_column(tmp_path):
