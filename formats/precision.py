@@ -19,12 +19,16 @@ converts the rows back to float32 as it reads them:
   key named: int8 has no code for them.
 
 Only the ``value`` column changes; optimizer slots and other columns stay at their dtype.
-The conversions need numpy and ml_dtypes only.
+The conversions need numpy and ml_dtypes only. Where the process has imported TensorFlow
+(a save does), its cast to float16 rounds the same values several times faster than
+numpy's, which converts one value at a time.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -87,9 +91,9 @@ def encode(
     if precision == "bfloat16":
         return values.astype(ml_dtypes.bfloat16), {}
     if precision == "float16":
-        with np.errstate(over="ignore"):  # refused below, by key
-            stored = values.astype(np.float16)
-        overflow = np.isinf(stored) & np.isfinite(values)
+        stored = _float16(values)
+        infinite = (stored.view(np.uint16) & 0x7FFF) == 0x7C00  # float16's infinities
+        overflow = infinite & np.isfinite(values) if infinite.any() else infinite
         if overflow.any():
             row = int(np.flatnonzero(overflow.any(axis=1))[0])
             found = float(values[row][overflow[row]][0])
@@ -97,6 +101,24 @@ def encode(
                     f"{_FLOAT16_MAX:g}; use value_precision='bfloat16'")  # fmt: skip
         return stored, {}
     return _int8(values, keys, variable)
+
+
+def _eager_tensorflow() -> Any:
+    """TensorFlow, where this process has imported it and this thread runs eagerly; else
+    None (``convert`` and ``compact`` run without it)."""
+    tf = sys.modules.get("tensorflow")
+    eager = getattr(tf, "executing_eagerly", None)
+    return tf if eager is not None and eager() else None
+
+
+def _float16(values: np.ndarray) -> np.ndarray:
+    """``values`` rounded to float16, a finite value past its range to infinity."""
+    tf = _eager_tensorflow()
+    if tf is None or not values.size:
+        with np.errstate(over="ignore"):  # refused by the caller, by key
+            return values.astype(np.float16)
+    with tf.device("/cpu:0"):
+        return np.asarray(tf.cast(values, tf.float16).numpy())
 
 
 def _int8(

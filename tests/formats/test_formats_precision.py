@@ -122,3 +122,49 @@ def test_pyarrow_reads_the_stored_columns_and_numpy_gets_float32_back(
     scale = table["value_scale"].to_numpy().astype(np.float32)
     values = codes.reshape(-1, 16).astype(np.float32) * scale[:, None]
     np.testing.assert_array_equal(values, restored)
+
+
+def edge_rows(dim: int) -> np.ndarray:
+    """Trained-like rows, float16's subnormal range and its largest values, values halfway
+    between two float16 neighbours (ties, to even), zeros and negative zeros."""
+    rng = np.random.default_rng(7)
+    halves = rng.standard_normal(300 * dim).astype(np.float16)
+    above = np.nextafter(halves, np.float16(np.inf))
+    ties = (halves.astype(np.float32) + above.astype(np.float32)) / 2  # exact in float32
+    parts = [
+        rows_like_trained(3000, dim, seed=3),
+        (rng.standard_normal((200, dim)) * 1e-6).astype(np.float32),
+        (rng.uniform(-65519, 65519, (200, dim))).astype(np.float32),
+        ties.reshape(-1, dim),
+        np.zeros((1, dim), np.float32),
+        np.full((1, dim), -0.0, np.float32),
+    ]
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("dim", [1, 3, 16, 33])
+def test_tensorflow_and_numpy_store_the_same_float16_bytes(monkeypatch, dim) -> None:
+    """A save rounds to float16 with TensorFlow's cast (it is loaded there), ``convert``
+    with numpy's: the stored bytes are the same either way, and so are the refusals."""
+    import tensorflow  # noqa: F401  (a save's process holds it)
+
+    values = edge_rows(dim)
+    keys = np.arange(len(values), dtype=np.int64)
+    values[5, 0], values[6, -1] = np.inf, np.nan  # kept as they are
+    assert precision._eager_tensorflow() is not None
+    with_tf, _ = precision.encode(values, "float16", keys, "emb")
+    monkeypatch.setattr(precision, "_eager_tensorflow", lambda: None)
+    with_numpy, _ = precision.encode(values, "float16", keys, "emb")
+    assert with_tf.dtype == with_numpy.dtype == np.float16
+    assert with_tf.tobytes() == with_numpy.tobytes()
+    monkeypatch.undo()
+    bad = values.copy()
+    bad[9, 0] = 70000.0
+    errors = []
+    for tf_loaded in (True, False):
+        if not tf_loaded:
+            monkeypatch.setattr(precision, "_eager_tensorflow", lambda: None)
+        with pytest.raises(ValueError, match=r"row of key 9 holds 70000\.0, past float16") as got:
+            precision.encode(bad, "float16", keys, "emb")
+        errors.append(str(got.value))
+    assert errors[0] == errors[1]
