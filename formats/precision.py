@@ -125,8 +125,7 @@ def _int8(
     values: np.ndarray, keys: np.ndarray, variable: str
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Each row as int8 codes and its float16 scale (see the module's docstring)."""
-    largest = np.max(np.abs(values), axis=1) if values.shape[1] else np.zeros(len(values))
-    largest = largest.astype(np.float32, copy=False)
+    largest = _row_abs_max(values).astype(np.float32, copy=False)
     if not np.isfinite(largest).all():
         row = int(np.flatnonzero(~np.isfinite(largest))[0])
         _refuse(variable, keys[row], "holds an infinity or NaN, which int8 cannot store; "
@@ -143,9 +142,32 @@ def _int8(
                 "use value_precision='bfloat16'")  # fmt: skip
     divisor = scale.astype(np.float32)
     divisor[divisor == 0] = 1  # a row of zeros: every code 0
-    codes = np.rint(values / divisor[:, None])
+    codes = values / divisor[:, None]
+    np.rint(codes, out=codes)  # in place: a new array would be new memory to touch
     np.clip(codes, -INT8_STEPS, INT8_STEPS, out=codes)
     return codes.astype(np.int8), {SCALE_COLUMN: scale}
+
+
+#: Rows narrower than this get their largest magnitude a column at a time (see below).
+_COLUMNWISE_WIDTH = 64
+
+
+def _row_abs_max(values: np.ndarray) -> np.ndarray:
+    """``max |x|`` of each row of ``values [n, dim]`` (NaN where a row holds one).
+
+    numpy reduces along a short row one row at a time; for rows narrower than
+    :data:`_COLUMNWISE_WIDTH` a running maximum over the columns, each a vectorized pass
+    over every row, takes a few times less (the same values: max is exact).
+    """
+    if not values.shape[1]:
+        return np.zeros(len(values), np.float32)
+    if values.shape[1] >= _COLUMNWISE_WIDTH:
+        return np.asarray(np.max(np.abs(values), axis=1))
+    largest = np.abs(values[:, 0])
+    column = np.empty_like(largest)
+    for j in range(1, values.shape[1]):
+        np.maximum(largest, np.abs(values[:, j], out=column), out=largest)
+    return largest
 
 
 def _refuse(variable: str, key: object, what: str) -> None:

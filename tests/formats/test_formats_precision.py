@@ -168,3 +168,24 @@ def test_tensorflow_and_numpy_store_the_same_float16_bytes(monkeypatch, dim) -> 
             precision.encode(bad, "float16", keys, "emb")
         errors.append(str(got.value))
     assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("dim", [1, 3, 16, 33, 64, 100])
+def test_int8_codes_and_scales_are_the_documented_ones(dim) -> None:
+    """``s`` is ``max|x| / 127`` rounded up to a float16 and ``q = rint(x / s)``, row by
+    row, whatever way the rows' largest magnitudes are found."""
+    values = edge_rows(dim)
+    values[0] = -0.0
+    keys = np.arange(len(values), dtype=np.int64)
+    codes, beside = precision.encode(values, "int8", keys, "emb")
+    scale = beside[precision.SCALE_COLUMN]
+    largest = np.array([max(abs(float(x)) for x in row) for row in values], np.float32)
+    wanted = largest / np.float32(127)
+    expected = wanted.astype(np.float16)
+    low = expected.astype(np.float32) < wanted
+    expected[low] = np.nextafter(expected[low], np.float16(np.inf))
+    assert scale.tobytes() == expected.tobytes()  # +0.0 for a row of zeros, never -0.0
+    for row in (0, 1, 7, len(values) // 2, len(values) - 1):
+        step = np.float32(expected[row]) or np.float32(1)
+        want = [round(float(np.float32(x) / step)) for x in values[row]]  # ties to even
+        assert codes[row].tolist() == want
