@@ -105,7 +105,7 @@ def encode(
 
 def _eager_tensorflow() -> Any:
     """TensorFlow, where this process has imported it and this thread runs eagerly; else
-    None (``convert`` and ``compact`` run without it)."""
+    None (compaction runs without it)."""
     tf = sys.modules.get("tensorflow")
     eager = getattr(tf, "executing_eagerly", None)
     return tf if eager is not None and eager() else None

@@ -144,8 +144,9 @@ def edge_rows(dim: int) -> np.ndarray:
 
 @pytest.mark.parametrize("dim", [1, 3, 16, 33])
 def test_tensorflow_and_numpy_store_the_same_float16_bytes(monkeypatch, dim) -> None:
-    """A save rounds to float16 with TensorFlow's cast (it is loaded there), ``convert``
-    with numpy's: the stored bytes are the same either way, and so are the refusals."""
+    """A save rounds to float16 with TensorFlow's cast (it is loaded there), compaction
+    (which runs without TensorFlow) with numpy's: the stored bytes are the same either
+    way, and so are the refusals."""
     import tensorflow  # noqa: F401  (a save's process holds it)
 
     values = edge_rows(dim)
