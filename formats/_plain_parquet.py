@@ -7,9 +7,10 @@ levels are known in advance: every element is present (definition level 1 throug
 and every row holds exactly ``width`` elements (repetition levels ``0, 1, ..., 1`` per
 row). This writer emits them as two precomputed runs and the values as PLAIN bytes taken
 straight from the Arrow buffers, one version-1 data page per column and row group (split
-when a page would pass :data:`PAGE_BYTES`), then the footer Thrift-encoded by hand. The
-file is the one Arrow writes in every respect a reader sees: the same Parquet schema,
-``ARROW:schema`` and key-value metadata, key statistics and column orders.
+when a page would pass :data:`PAGE_BYTES`), then the footer Thrift-encoded by hand
+(:mod:`._thrift`). The file is the one Arrow writes in every respect a reader sees: the
+same Parquet schema, ``ARROW:schema`` and key-value metadata, key statistics and column
+orders.
 
 :func:`supports` says which schemas it takes: integer keys, float32/float64/int32/int64
 and float16 value and extra columns (lists or not) and ``fixed_size_binary`` ones (the
@@ -46,6 +47,22 @@ import pyarrow as pa
 
 from de_store._threads import LazyPool
 
+from ._thrift import (
+    BINARY,
+    I16,
+    I32,
+    I64,
+    LIST,
+    STRUCT,
+    ThriftError,
+    binary,
+    list_,
+    read_struct,
+    struct,
+    varint,
+    zigzag,
+)
+
 #: Largest data page written; a bigger row group gets several pages (of whole rows).
 PAGE_BYTES = 64 << 20
 #: Pieces of a row group smaller than this together are joined into one write.
@@ -77,11 +94,6 @@ _ARROW_CODECS = {"zstd": "zstd", "lz4": "lz4_raw"}
 #: decodes its pages.
 _CODEC_NAMES = {"UNCOMPRESSED": "none", "ZSTD": "zstd", "LZ4": "lz4_raw"}
 
-# Thrift compact protocol type ids.
-_TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _STRUCT = (
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 12
-)  # fmt: skip
-
 
 def supports(schema: pa.Schema) -> bool:
     """Whether every column of ``schema`` is a fixed-width type this writer encodes."""
@@ -102,60 +114,6 @@ def _leaf_type(type_: pa.DataType) -> pa.DataType:
             return pa.null()
         return type_.value_type
     return type_
-
-
-# -- Thrift compact protocol -----------------------------------------------------------
-_ONE_BYTE = [bytes([n]) for n in range(0x80)]
-
-
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return _ONE_BYTE[n]
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _int(n: int) -> bytes:
-    """An i16/i32/i64 value: zigzag varint."""
-    return _varint((n << 1) ^ (n >> 63))
-
-
-def _binary(data: bytes) -> bytes:
-    return _varint(len(data)) + data
-
-
-def _list(element_type: int, items: list[bytes]) -> bytes:
-    size = len(items)
-    head = bytes([size << 4 | element_type]) if size < 15 else bytes([0xF0 | element_type])
-    return head + (_varint(size) if size >= 15 else b"") + b"".join(items)
-
-
-def _struct(*fields: tuple[int, int, bytes] | None, start: int = 0) -> bytes:
-    """A struct of ``(field id, compact type, encoded value)`` in rising id order.
-
-    ``start``: the id of the field encoded before these (the rest of a struct whose first
-    fields were encoded apart).
-    """
-    out = bytearray()
-    last = start
-    for field in fields:
-        if field is None:
-            continue
-        field_id, type_id, value = field
-        delta = field_id - last
-        if 0 < delta <= 15:
-            out.append(delta << 4 | type_id)
-        else:
-            out.append(type_id)
-            out += _int(field_id)
-        out += value
-        last = field_id
-    out.append(0)
-    return bytes(out)
 
 
 # -- levels ----------------------------------------------------------------------------
@@ -183,8 +141,8 @@ def _levels(rows: int, width: int) -> bytes:
     packed = (period * -(-rows // period_rows))[:groups]
     if values % 8:  # the bits past the last value are zero
         packed = packed[:-1] + bytes([packed[-1] & ((1 << values % 8) - 1)])
-    repetition = _varint(groups << 1 | 1) + packed
-    definition = _varint(values << 1) + b"\x01"
+    repetition = varint(groups << 1 | 1) + packed
+    definition = varint(values << 1) + b"\x01"
     return b"".join(len(block).to_bytes(4, "little") + block for block in (repetition, definition))
 
 
@@ -281,27 +239,27 @@ def _compress(codec: Any, *pieces: bytes | memoryview) -> memoryview:
 
 
 def _page_header(size: int, values: int, compressed: int | None = None) -> bytes:
-    data_page = _struct(
-        (1, _I32, _int(values)),
-        (2, _I32, _int(_PLAIN)),
-        (3, _I32, _int(_RLE)),
-        (4, _I32, _int(_RLE)),
+    data_page = struct(
+        (1, I32, zigzag(values)),
+        (2, I32, zigzag(_PLAIN)),
+        (3, I32, zigzag(_RLE)),
+        (4, I32, zigzag(_RLE)),
     )
-    return _struct(
-        (1, _I32, _int(_DATA_PAGE)),
-        (2, _I32, _int(size)),
-        (3, _I32, _int(size if compressed is None else compressed)),
-        (5, _STRUCT, data_page),
+    return struct(
+        (1, I32, zigzag(_DATA_PAGE)),
+        (2, I32, zigzag(size)),
+        (3, I32, zigzag(size if compressed is None else compressed)),
+        (5, STRUCT, data_page),
     )
 
 
 def _min_max(array: pa.Array) -> bytes:
     values = array.to_numpy(zero_copy_only=True)
     low, high = (v.tobytes() for v in (values.min(), values.max()))
-    return _struct(
-        (3, _I64, _int(0)),  # null_count
-        (5, _BINARY, _binary(high)),  # max_value
-        (6, _BINARY, _binary(low)),  # min_value
+    return struct(
+        (3, I64, zigzag(0)),  # null_count
+        (5, BINARY, binary(high)),  # max_value
+        (6, BINARY, binary(low)),  # min_value
     )
 
 
@@ -422,49 +380,49 @@ class PlainParquetWriter:
         metadata = dict(self._schema.metadata or {})
         metadata[b"ARROW:schema"] = base64.b64encode(self._schema.serialize().to_pybytes())
         key_values = [
-            _struct((1, _BINARY, _binary(k)), (2, _BINARY, _binary(v))) for k, v in metadata.items()
+            struct((1, BINARY, binary(k)), (2, BINARY, binary(v))) for k, v in metadata.items()
         ]
-        type_order = _struct((1, _STRUCT, _struct()))
-        return _struct(
-            (1, _I32, _int(2)),  # version
-            (2, _LIST, _list(_STRUCT, self._schema_elements())),
-            (3, _I64, _int(sum(rows for rows, _ in self._row_groups))),
-            (4, _LIST, _list(_STRUCT, [self._row_group(i) for i in range(len(self._row_groups))])),
-            (5, _LIST, _list(_STRUCT, key_values)),
-            (6, _BINARY, _binary(CREATED_BY)),
-            (7, _LIST, _list(_STRUCT, [type_order] * len(self._schema))),
+        type_order = struct((1, STRUCT, struct()))
+        return struct(
+            (1, I32, zigzag(2)),  # version
+            (2, LIST, list_(STRUCT, self._schema_elements())),
+            (3, I64, zigzag(sum(rows for rows, _ in self._row_groups))),
+            (4, LIST, list_(STRUCT, [self._row_group(i) for i in range(len(self._row_groups))])),
+            (5, LIST, list_(STRUCT, key_values)),
+            (6, BINARY, binary(CREATED_BY)),
+            (7, LIST, list_(STRUCT, [type_order] * len(self._schema))),
         )
 
     def _schema_elements(self) -> list[bytes]:
         def element(name: str, repetition: int, **extra: bytes) -> bytes:
             logical = (
-                _struct((3, _STRUCT, _struct())) if "list" in extra  # LIST
-                else _struct((15, _STRUCT, _struct())) if "float16" in extra  # FLOAT16
+                struct((3, STRUCT, struct())) if "list" in extra  # LIST
+                else struct((15, STRUCT, struct())) if "float16" in extra  # FLOAT16
                 else None
             )  # fmt: skip
-            return _struct(
-                (1, _I32, extra["type"]) if "type" in extra else None,
-                (2, _I32, extra["length"]) if "length" in extra else None,
-                (3, _I32, _int(repetition)),
-                (4, _BINARY, _binary(name.encode())),
-                (5, _I32, extra["children"]) if "children" in extra else None,
-                (6, _I32, _int(_CONVERTED_LIST)) if "list" in extra else None,
-                (10, _STRUCT, logical) if logical is not None else None,
+            return struct(
+                (1, I32, extra["type"]) if "type" in extra else None,
+                (2, I32, extra["length"]) if "length" in extra else None,
+                (3, I32, zigzag(repetition)),
+                (4, BINARY, binary(name.encode())),
+                (5, I32, extra["children"]) if "children" in extra else None,
+                (6, I32, zigzag(_CONVERTED_LIST)) if "list" in extra else None,
+                (10, STRUCT, logical) if logical is not None else None,
             )
 
-        out = [_struct((4, _BINARY, _binary(b"schema")), (5, _I32, _int(len(self._schema))))]
+        out = [struct((4, BINARY, binary(b"schema")), (5, I32, zigzag(len(self._schema))))]
         for field in self._schema:
             leaf = _leaf_type(field.type)
             physical = _physical(leaf)
             assert physical is not None  # supports(schema)
-            typed = {"type": _int(physical)}
+            typed = {"type": zigzag(physical)}
             if physical == _FIXED_LEN:
-                typed["length"] = _int(leaf.byte_width)
+                typed["length"] = zigzag(leaf.byte_width)
                 if leaf == pa.float16():
                     typed["float16"] = b""
             if pa.types.is_fixed_size_list(field.type):
-                out.append(element(field.name, _REQUIRED, children=_int(1), list=b""))
-                out.append(element("list", _REPEATED, children=_int(1)))
+                out.append(element(field.name, _REQUIRED, children=zigzag(1), list=b""))
+                out.append(element("list", _REPEATED, children=zigzag(1)))
                 out.append(element(field.type.value_field.name, _REQUIRED, **typed))
             else:
                 out.append(element(field.name, _REQUIRED, **typed))
@@ -477,14 +435,14 @@ class PlainParquetWriter:
 
     def _column_meta_head(self, field: pa.Field) -> bytes:
         """The fields 1 to 4 of a ColumnMetaData of ``field`` (the same in every row group),
-        encoded as :func:`_struct` encodes them, without its stop byte."""
+        encoded as :func:`~._thrift.struct` encodes them, without its stop byte."""
         physical = _physical(field.type)
         assert physical is not None  # supports(schema)
-        return _struct(
-            (1, _I32, _int(physical)),
-            (2, _LIST, _list(_I32, [_int(_RLE), _int(_PLAIN)])),
-            (3, _LIST, _list(_BINARY, [_binary(p) for p in self._path(field)])),
-            (4, _I32, _int(self._codec_id)),
+        return struct(
+            (1, I32, zigzag(physical)),
+            (2, LIST, list_(I32, [zigzag(_RLE), zigzag(_PLAIN)])),
+            (3, LIST, list_(BINARY, [binary(p) for p in self._path(field)])),
+            (4, I32, zigzag(self._codec_id)),
         )[:-1]
 
     def _row_group(self, index: int) -> bytes:
@@ -492,24 +450,24 @@ class PlainParquetWriter:
         columns = []
         for head, chunk in zip(self._column_meta, chunks, strict=True):
             # fields 5 to 12 follow field 4: their ids go on from there (delta encoding)
-            tail = _struct(
-                (5, _I64, _int(chunk.values)),
-                (6, _I64, _int(chunk.uncompressed)),
-                (7, _I64, _int(chunk.size)),
-                (9, _I64, _int(chunk.offset)),
-                (12, _STRUCT, chunk.statistics) if chunk.statistics is not None else None,
+            tail = struct(
+                (5, I64, zigzag(chunk.values)),
+                (6, I64, zigzag(chunk.uncompressed)),
+                (7, I64, zigzag(chunk.size)),
+                (9, I64, zigzag(chunk.offset)),
+                (12, STRUCT, chunk.statistics) if chunk.statistics is not None else None,
                 start=4,
             )
-            columns.append(_struct((2, _I64, _int(0)), (3, _STRUCT, head + tail)))
+            columns.append(struct((2, I64, zigzag(0)), (3, STRUCT, head + tail)))
         first = chunks[0].offset
         size = sum(c.size for c in chunks)
-        return _struct(
-            (1, _LIST, _list(_STRUCT, columns)),
-            (2, _I64, _int(sum(c.uncompressed for c in chunks))),
-            (3, _I64, _int(rows)),
-            (5, _I64, _int(first)),
-            (6, _I64, _int(size)),
-            (7, _I16, _int(index)),  # ordinal
+        return struct(
+            (1, LIST, list_(STRUCT, columns)),
+            (2, I64, zigzag(sum(c.uncompressed for c in chunks))),
+            (3, I64, zigzag(rows)),
+            (5, I64, zigzag(first)),
+            (6, I64, zigzag(size)),
+            (7, I16, zigzag(index)),  # ordinal
         )
 
 
@@ -568,7 +526,10 @@ def _page_body(data: pa.Buffer, start: int, chunk_size: int, codec: str = "none"
     """The body of the one data page making up a column chunk at ``start``, decompressed
     with ``codec``."""
     header = memoryview(data).cast("B")[start : start + min(chunk_size, 256)]
-    fields, end = _read_struct(header, 0)
+    try:
+        fields, end = read_struct(header, 0)
+    except ThriftError as err:
+        raise NotPlain(f"page header: {err}") from err
     plain_size, size = fields.get(2), fields.get(3)
     if fields.get(1) != _DATA_PAGE or (codec == "none" and plain_size != size):
         raise NotPlain("page type or compression")
@@ -581,63 +542,3 @@ def _page_body(data: pa.Buffer, start: int, chunk_size: int, codec: str = "none"
     if codec == "none":
         return body
     return pa.Codec(codec).decompress(body, decompressed_size=plain_size)
-
-
-def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise NotPlain("truncated header")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _read_value(buf: memoryview, pos: int, type_id: int) -> tuple[Any, int]:
-    """One Thrift compact value (structs as dicts, lists skipped to ``None``)."""
-    if type_id in (_TRUE, _FALSE):
-        return type_id == _TRUE, pos
-    if type_id == _BYTE:
-        return buf[pos], pos + 1
-    if type_id in (_I16, _I32, _I64):
-        raw, pos = _read_varint(buf, pos)
-        return (raw >> 1) ^ -(raw & 1), pos
-    if type_id == _DOUBLE:
-        return None, pos + 8
-    if type_id == _BINARY:
-        size, pos = _read_varint(buf, pos)
-        return None, pos + size
-    if type_id == _STRUCT:
-        return _read_struct(buf, pos)
-    if type_id == _LIST:
-        head = buf[pos]
-        pos += 1
-        size, element = head >> 4, head & 0x0F
-        if size == 15:
-            size, pos = _read_varint(buf, pos)
-        for _ in range(size):
-            _, pos = _read_value(buf, pos, element)
-        return None, pos
-    raise NotPlain(f"thrift type {type_id}")
-
-
-def _read_struct(buf: memoryview, pos: int) -> tuple[dict[int, Any], int]:
-    fields: dict[int, Any] = {}
-    last = 0
-    while True:
-        if pos >= len(buf):
-            raise NotPlain("truncated header")
-        head = buf[pos]
-        pos += 1
-        if head == 0:
-            return fields, pos
-        delta, type_id = head >> 4, head & 0x0F
-        if delta:
-            last += delta
-        else:
-            raw, pos = _read_varint(buf, pos)
-            last = (raw >> 1) ^ -(raw & 1)
-        fields[last], pos = _read_value(buf, pos, type_id)

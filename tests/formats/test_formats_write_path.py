@@ -17,7 +17,14 @@ import pytest
 
 from de_store.backends import open_backend
 from de_store.errors import FormatError
-from de_store.formats import ExtraColumn, SchemaInfo, _plain_parquet, batch_from_numpy, get_format
+from de_store.formats import (
+    ExtraColumn,
+    SchemaInfo,
+    _plain_parquet,
+    _thrift,
+    batch_from_numpy,
+    get_format,
+)
 
 INFO = SchemaInfo(name="emb", dim=16, extras=(ExtraColumn("step", "int32"),))
 
@@ -80,8 +87,8 @@ def reference_levels(rows: int, width: int) -> bytes:
     bits[::width] = False
     packed = np.packbits(bits, bitorder="little").tobytes()
     groups = (values + 7) // 8
-    repetition = _plain_parquet._varint(groups << 1 | 1) + packed.ljust(groups, b"\0")
-    definition = _plain_parquet._varint(values << 1) + b"\x01"
+    repetition = _thrift.varint(groups << 1 | 1) + packed.ljust(groups, b"\0")
+    definition = _thrift.varint(values << 1) + b"\x01"
     return b"".join(len(b).to_bytes(4, "little") + b for b in (repetition, definition))
 
 
