@@ -227,12 +227,12 @@ def _compress(codec: Any, *pieces: bytes | memoryview) -> memoryview:
     """
     data: Any = pieces[0]
     if len(pieces) > 1:
-        data = pa.allocate_buffer(sum(memoryview(p).nbytes for p in pieces))
-        view, at = memoryview(data).cast("B"), 0
-        for piece in pieces:
-            size = memoryview(piece).nbytes
-            view[at : at + size] = piece
-            at += size
+        views = [memoryview(piece).cast("B") for piece in pieces]
+        data = pa.allocate_buffer(sum(v.nbytes for v in views))
+        joined, at = memoryview(data).cast("B"), 0
+        for view in views:
+            joined[at : at + view.nbytes] = view
+            at += view.nbytes
     out = codec.compress(data, asbytes=False)
     # The slice: a resizable buffer's memoryview spans its capacity, not its size.
     return memoryview(out.slice(0, out.size)).cast("B")
