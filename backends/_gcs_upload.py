@@ -6,11 +6,13 @@ a shard's writer then alternates between encoding and waiting on the network.
 second buffer. A resumable upload session takes its chunks in order, so one chunk is in
 flight at a time; the writer waits only when it has filled the next one before the last
 has gone. Memory stays at two chunks: the buffer being filled and the one uploading, which
-is filled again once its upload is answered (the session request goes ahead of the first
-chunk in the same way, while the second is encoded).
+is filled again once its upload is answered. The session request goes out once half of
+the first chunk is written, while the rest of it is encoded: the first chunk then goes
+without waiting for it.
 
-An object smaller than one chunk goes as one simple upload. A larger one appears at its
-name only when ``close`` sends the last chunk, which carries the object's total size;
+An object smaller than half a chunk goes as one simple upload; one that started a session
+goes as that session's chunks. It appears at its name only when ``close`` sends the last
+chunk, which carries the object's total size;
 :meth:`discard` cancels the session instead, leaving nothing behind. The requests are
 gcsfs's: ``initiate_upload`` and ``simple_upload``, and its ``_call`` for each chunk
 (``upload_chunk`` needs the total size, unknown until the last chunk), so its credentials,
@@ -85,6 +87,9 @@ class ResumableUpload(io.RawIOBase):
             self._buffer[self._filled : self._filled + n] = view[start : start + n]
             self._filled += n
             start += n
+        if self._sent == 0 and self._in_flight is None and self._filled * 2 >= self._chunk_size:
+            # Big enough for a session: ask for it now, while the first chunk fills.
+            self._in_flight = asyncio.run_coroutine_threadsafe(self._session(), self._fs.loop)
         return size
 
     def _send_chunk(self) -> None:
@@ -108,13 +113,17 @@ class ResumableUpload(io.RawIOBase):
                 self._failed = True
                 raise
 
-    async def _upload(self, chunk: memoryview, offset: int) -> None:
-        """Send ``chunk`` at ``offset`` of a session of unknown total size (all of it,
-        when the store keeps only part of a request)."""
+    async def _session(self) -> None:
+        """Start the upload session (once)."""
         if self._location is None:
             self._location = await initiate_upload(
                 self._fs, self._bucket, self._key, self._content_type
             )
+
+    async def _upload(self, chunk: memoryview, offset: int) -> None:
+        """Send ``chunk`` at ``offset`` of a session of unknown total size (all of it,
+        when the store keeps only part of a request)."""
+        await self._session()
         end = offset + len(chunk)
         while offset < end:
             headers = {
@@ -152,8 +161,9 @@ class ResumableUpload(io.RawIOBase):
     def _finish(self) -> None:
         if self._failed:
             raise OSError(f"cannot upload gs://{self._path}: a chunk of it failed")
+        self._wait()  # the chunk, or the session request, in flight
         last = memoryview(self._buffer)[: self._filled]
-        if self._sent == 0:
+        if self._location is None:  # under half a chunk: no session
             _gcs_result(self._path, sync, self._fs.loop, simple_upload, self._fs, self._bucket,
                         self._key, bytes(last), consistency=self._fs.consistency,
                         content_type=self._content_type)  # fmt: skip

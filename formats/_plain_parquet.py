@@ -253,13 +253,16 @@ def _page_header(size: int, values: int, compressed: int | None = None) -> bytes
     )
 
 
-def _min_max(array: pa.Array) -> bytes:
+def _min_max(array: pa.Array) -> tuple[np.generic, np.generic]:
     values = array.to_numpy(zero_copy_only=True)
-    low, high = (v.tobytes() for v in (values.min(), values.max()))
+    return values.min(), values.max()
+
+
+def _statistics(low: np.generic, high: np.generic) -> bytes:
     return struct(
         (3, I64, zigzag(0)),  # null_count
-        (5, BINARY, binary(high)),  # max_value
-        (6, BINARY, binary(low)),  # min_value
+        (5, BINARY, binary(high.tobytes())),  # max_value
+        (6, BINARY, binary(low.tobytes())),  # min_value
     )
 
 
@@ -297,6 +300,9 @@ class PlainParquetWriter:
         self._column_meta = [self._column_meta_head(field) for field in schema]
         # Batches being compressed ahead (:meth:`prepare`), by id: the batch and its frames.
         self._prepared: dict[int, tuple[pa.RecordBatch, list[list[_Page]]]] = {}
+        # The batch written last, and the (min, max) of each of its columns with statistics.
+        self._written: pa.RecordBatch | None = None
+        self._ranges: dict[str, tuple[np.generic, np.generic]] = {}
         self._write(MAGIC)
         self._flush()
 
@@ -328,12 +334,26 @@ class PlainParquetWriter:
         """Write ``batch`` as one row group (``row_group_size`` is ignored: one per batch)."""
         prepared = self._prepared.pop(id(batch), None)
         pages = self._paged(batch) if prepared is None else prepared[1]
+        self._written, self._ranges = batch, {}
         chunks = [
             self._write_column(field, column, column_pages)
             for field, column, column_pages in zip(self._schema, batch.columns, pages, strict=True)
         ]
         self._flush()
         self._row_groups.append((batch.num_rows, chunks))
+
+    def key_range(self, batch: pa.RecordBatch) -> tuple[int, int] | None:
+        """The smallest and largest integer key of ``batch`` (its first column), as its
+        statistics hold them, when ``batch`` is the batch written last and its keys got
+        statistics; None otherwise. Spares the part's key range a second pass over the
+        keys."""
+        keys = batch.schema.names[0]
+        found = self._ranges.get(keys) if batch is self._written else None
+        if found is None or not np.issubdtype(found[0].dtype, np.integer):
+            return None
+        if batch.column(0).null_count:  # as _shard._key_range: a range of valid keys only
+            return None
+        return int(found[0]), int(found[1])
 
     def _paged(self, batch: pa.RecordBatch) -> list[list[_Page]]:
         """The pages of each column of ``batch``, their frames being compressed when the
@@ -362,7 +382,11 @@ class PlainParquetWriter:
                 for frame in frames:
                     self._write(frame)
             uncompressed += len(header) + size
-        stats = _min_max(column) if field.name in self._statistics and len(column) else None
+        stats = None
+        if field.name in self._statistics and len(column):
+            low, high = _min_max(column)
+            stats = _statistics(low, high)
+            self._ranges[field.name] = (low, high)
         values = len(column) * (width or 1)
         return _Chunk(start, self._position - start, values, stats, uncompressed)
 

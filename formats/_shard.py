@@ -43,11 +43,15 @@ def write_parts(
     buffer_size: int,
     where: str,
     prepare: Callable[[pa.RecordBatch], None] | None = None,
+    written_range: Callable[[pa.RecordBatch], tuple[Key, Key] | None] | None = None,
 ) -> list[PartInfo]:
     """Split each batch at ``buffer_size`` rows, write each piece as a part, describe them.
 
     ``prepare``, when given, is called with each piece :data:`PREPARE_AHEAD` parts before
-    it is written (a writer starting work in the background, such as compression)."""
+    it is written (a writer starting work in the background, such as compression).
+    ``written_range``, when given, answers the key range of the piece just written when the
+    writer found it already (a Parquet writer's column statistics), else None: the range is
+    then computed here."""
     if buffer_size < 1:
         raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
     parts: list[PartInfo] = []
@@ -57,7 +61,8 @@ def write_parts(
     )
     for piece in pieces if prepare is None else _prepared_ahead(pieces, prepare):
         ranges = write_part(piece)
-        low, high = _key_range(piece.column(0))
+        found = None if written_range is None else written_range(piece)
+        low, high = _key_range(piece.column(0)) if found is None else found
         parts.append(PartInfo(piece.num_rows, row_offset, low, high, ranges))
         row_offset += piece.num_rows
     return parts

@@ -119,8 +119,12 @@ class ParquetFormat(ShardFormat):
                 return (sink.cut(),)
 
             try:
-                prepare = writer.prepare if isinstance(writer, PlainParquetWriter) else None
-                parts = write_parts(write_part, batches, schema, buffer_size, where, prepare)
+                plain = isinstance(writer, PlainParquetWriter)
+                parts = write_parts(
+                    write_part, batches, schema, buffer_size, where,
+                    prepare=writer.prepare if plain else None,
+                    written_range=writer.key_range if plain else None,
+                )  # fmt: skip
             finally:
                 writer.close()
         files = [FileInfo(path, sink.position, sink.crc32c)]

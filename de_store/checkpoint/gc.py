@@ -116,7 +116,9 @@ def find_abandoned(backend: Backend, paths: Iterable[str] | None = None) -> list
     return found
 
 
-def find_orphans(backend: Backend, keep: str | None = None) -> list[Garbage]:
+def find_orphans(
+    backend: Backend, keep: str | None = None, kept: Manifest | None = None
+) -> list[Garbage]:
     """Committed checkpoints whose TF checkpoint is gone, and that no kept checkpoint's
     incremental chain needs.
 
@@ -125,9 +127,10 @@ def find_orphans(backend: Backend, keep: str | None = None) -> list[Garbage]:
     prefix in ``metadata``) are kept. A TF checkpoint counts as gone only in a TF folder
     that is demonstrably the one this location serves: ``keep`` (the checkpoint being
     saved now) records it, or another checkpoint's TF checkpoint is there. A location
-    moved away from its TF checkpoints therefore keeps everything.
+    moved away from its TF checkpoints therefore keeps everything. ``kept``: the manifest
+    ``keep`` was just committed with, by this process (it is not read back).
     """
-    manifests = _committed_manifests(backend)
+    manifests = _committed_manifests(backend, {keep: kept} if keep and kept else {})
     gone = tf_checkpoints_gone(backend, manifests, keep)
     if keep is not None and keep in manifests:  # nothing saved after this one is an orphan
         created = manifests[keep].created
@@ -176,15 +179,20 @@ def tf_checkpoints_gone(
 SEARCH_READERS = 16
 
 
-def _committed_manifests(backend: Backend) -> dict[str, Manifest]:
+def _committed_manifests(
+    backend: Backend, known: dict[str, Manifest] | None = None
+) -> dict[str, Manifest]:
     """The manifest of every committed top folder (a commit record right in it), from one
     listing, the folders read in parallel; a manifest read before in this process is not
-    read again (see :func:`_manifest`). A folder whose commit record or manifest cannot be
-    read is left out."""
+    read again (see :func:`_manifest`), nor one in ``known`` (a folder this process just
+    committed, by name). A folder whose commit record or manifest cannot be read is left
+    out."""
     generations = committed_generations_in(backend.list(""))
     top = [(f, g) for f, g in sorted(generations.items()) if "/" not in f]
 
     def read(item: tuple[str, int]) -> Manifest | None:
+        if known and item[0] in known:
+            return known[item[0]]
         try:
             return _manifest(backend, *item)
         except CheckpointError:
@@ -305,14 +313,15 @@ def collect(
     return delete(backend, found.remove, grace_s)[0]
 
 
-def remove_orphans(backend: Backend, keep: str) -> list[Garbage]:
-    """Delete the orphans of the location where ``keep`` was just saved; return them.
+def remove_orphans(backend: Backend, keep: str, kept: Manifest | None = None) -> list[Garbage]:
+    """Delete the orphans of the location where ``keep`` was just saved (``kept``: the
+    manifest it was committed with, when known); return them.
 
     Run by the TF hook after each save (``CheckpointManager`` deletes TF checkpoints
     behind the saver's back). Without a grace period: ``keep`` anchors the TF folder, and
     only checkpoints committed before it can be orphans.
     """
-    garbage = find_orphans(backend, keep)
+    garbage = find_orphans(backend, keep, kept)
     for item in garbage:
         _remove(backend, item)
     return garbage

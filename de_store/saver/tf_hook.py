@@ -184,9 +184,11 @@ def _save_eagerly(
         variables = [_variable_of(obj) for obj in objs]
         rows = _rows_of(objs, saver, where.url)
         ref = binding.reference(where.backend, where.path, prefix, checkpoint_id)
-        core.save_variables(variables, rows, where.backend, where.path, saver, tf_checkpoint=ref)
+        committed = core.save_variables(
+            variables, rows, where.backend, where.path, saver, tf_checkpoint=ref
+        )
         if saver.topology.is_chief:
-            gc.remove_orphans(where.backend, keep=where.path)
+            gc.remove_orphans(where.backend, keep=where.path, kept=committed)
     head = posixpath.dirname(prefix)
     return [_stored_url(saver_of(trackables[n]).kv_url(prefix), head) for n in names]
 

@@ -134,9 +134,40 @@ def test_streamed_write_uploads_chunks_in_order(
     ]  # fmt: skip
     assert small_chunks.read_bytes("whole.bin") == whole
     gcs_requests.clear()
-    small_chunks.write_bytes("small.bin", b"x" * (CHUNK - 1))
-    assert gcs_requests == [("POST", "multipart")]  # under one chunk: one simple upload
-    assert small_chunks.read_bytes("small.bin") == b"x" * (CHUNK - 1)
+    small_chunks.write_bytes("small.bin", b"x" * (CHUNK // 2 - 1))
+    assert gcs_requests == [("POST", "multipart")]  # under half a chunk: one simple upload
+    assert small_chunks.read_bytes("small.bin") == b"x" * (CHUNK // 2 - 1)
+    gcs_requests.clear()
+    small_chunks.write_bytes("half.bin", b"y" * (CHUNK - 1))
+    assert gcs_requests == [  # a session was asked for at half a chunk: its one chunk
+        ("POST", "resumable"), ("POST", f"bytes 0-{CHUNK - 2}/{CHUNK - 1}")
+    ]  # fmt: skip
+    assert small_chunks.read_bytes("half.bin") == b"y" * (CHUNK - 1)
+
+
+def test_streamed_write_asks_for_its_session_while_the_first_chunk_fills(
+    small_chunks: GCSBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session request goes out once half a chunk is written, not when the first chunk
+    is full: the first chunk then goes without a round trip before it."""
+    import gcsfs
+
+    asked = threading.Event()
+    call = gcsfs.GCSFileSystem._call
+
+    async def noting(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("uploadType") == "resumable":
+            asked.set()
+        return await call(self, method, path, *args, **kwargs)
+
+    monkeypatch.setattr(gcsfs.GCSFileSystem, "_call", noting)
+    data = random.Random(5).randbytes(2 * CHUNK + 7)
+    with small_chunks.open_write("big.bin") as f:
+        f.write(data[: CHUNK // 2 - 1])
+        f.write(data[CHUNK // 2 - 1 : CHUNK // 2])  # half of the first chunk written
+        assert asked.wait(30), "no session asked for at half a chunk"
+        f.write(data[CHUNK // 2 :])
+    assert small_chunks.read_bytes("big.bin") == data
 
 
 def test_streamed_write_fills_the_next_chunk_while_one_uploads(

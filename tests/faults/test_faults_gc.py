@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -546,6 +547,34 @@ def test_the_orphan_search_reads_the_commit_records_side_by_side(tmp_path: Path)
     backend.read_bytes = meeting_read  # type: ignore[method-assign]
     assert [g.folder for g in gc.find_orphans(backend)] == ["ckpt-1"]
     assert len(gated) == 2
+
+
+def test_the_orphan_search_of_a_save_reads_nothing_of_the_checkpoint_it_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The save's own manifest is known to the process that committed it: the orphan search
+    after a save through tf.train.Checkpoint reads the commit records and manifests of the
+    other checkpoints only (on an object store, one request fewer on the save's path), and
+    still finds the orphans."""
+    run = tmp_path / "run"
+    tf_run(run, steps=2)
+    for path in run.glob("ckpt-1.*"):
+        path.unlink()  # as CheckpointManager(max_to_keep=...) deletes it
+    read: list[str] = []
+
+    def reading(real: Any) -> Any:
+        def read_folder(backend: Any, folder: str, *args: Any) -> Any:
+            read.append(folder)
+            return real(backend, folder, *args)
+
+        return read_folder
+
+    monkeypatch.setattr(gc, "recorded_manifest", reading(gc.recorded_manifest))
+    monkeypatch.setattr(gc, "checked_manifest", reading(gc.checked_manifest))
+    tf.train.Checkpoint(emb=filled(3.0, ds.FileSystemSaver())).write(str(run / "ckpt-3"))
+    assert sorted(p.name for p in (run / "de_store").iterdir()) == ["ckpt-2", "ckpt-3"]
+    assert "ckpt-1" in read and "ckpt-2" in read and "ckpt-3" not in read
+    assert tf_restored_value(str(run / "ckpt-3")) == {3.0}
 
 
 def test_an_orphan_loses_its_commit_record_before_any_other_file(tmp_path: Path) -> None:

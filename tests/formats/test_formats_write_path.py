@@ -119,3 +119,38 @@ def test_part_key_ranges_of_int32_keys(tmp_path) -> None:
         assert [(p.min_key, p.max_key) for p in shard.parts] == [(-3, 9), (-(2**31), 2**31 - 1)]
         assert all(type(p.min_key) is int for p in shard.parts)
         assert (shard.min_key, shard.max_key) == (-(2**31), 2**31 - 1)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
+def test_part_key_ranges_are_each_parts_smallest_and_largest_key(tmp_path, compression) -> None:
+    from de_store.formats.parquet import ParquetFormat
+
+    batch = rows_batch(1000, seed=3)
+    keys = batch.column(0).to_numpy()
+    shard = ParquetFormat(compression).write(open_backend(str(tmp_path)), "s.parquet", [batch],
+                                             schema_info=INFO, buffer_size=96)  # fmt: skip
+    expected = [
+        (int(keys[a : a + 96].min()), int(keys[a : a + 96].max())) for a in range(0, 1000, 96)
+    ]
+    assert [(p.min_key, p.max_key) for p in shard.parts] == expected
+    assert all(type(p.min_key) is int and type(p.max_key) is int for p in shard.parts)
+    metadata = pq.ParquetFile(tmp_path / "s.parquet").metadata
+    statistics = [metadata.row_group(i).column(0).statistics for i in range(len(expected))]
+    assert [(s.min, s.max) for s in statistics] == expected
+
+
+def test_plain_writer_gives_the_key_range_of_the_batch_written_last_only() -> None:
+    schema = INFO.arrow_schema()
+    writer = _plain_parquet.PlainParquetWriter(io.BytesIO(), schema, statistics=["key"])
+    first, second = rows_batch(50, seed=1), rows_batch(50, seed=2)
+    assert writer.key_range(first) is None  # nothing written yet
+    writer.write_batch(first)
+    low, high = first.column(0).to_numpy().min(), first.column(0).to_numpy().max()
+    assert writer.key_range(first) == (int(low), int(high))
+    assert writer.key_range(second) is None  # not the batch written: its range is unknown
+    assert writer.key_range(first.slice(0, 50)) is None  # an equal batch, not the same one
+    writer.write_batch(second)
+    assert writer.key_range(first) is None
+    no_statistics = _plain_parquet.PlainParquetWriter(io.BytesIO(), schema, [])
+    no_statistics.write_batch(first)
+    assert no_statistics.key_range(first) is None
