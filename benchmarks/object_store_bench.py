@@ -25,7 +25,7 @@ the process it serves):
   then completed; GCS: a resumable session, its chunks one after the other), the
   plainest upload of the same bytes in the parts a shard's streamed upload sends, where
   the server's work per part and its assembly of the parts count as they count for a
-  save (deleted at the end of the round). Each
+  save (deleted before the API save that follows). Each
   save's requests include the orphan search a ``tf.train.Checkpoint`` save makes in its
   root, which reads every committed checkpoint there: ``save_requests_rounds`` gives the
   count of each round, whose root holds one checkpoint more than the round before;
@@ -259,12 +259,15 @@ def phase_save(args: argparse.Namespace) -> None:
             streams.append(counted(lambda index=index: plain_stream(args, payloads, index)))
             new_fs(args.store, args.endpoint).rm(f"{BUCKET}/plain-{index}", recursive=True)
             parts.append(counted(lambda index=index: plain_parts(args, payloads, index)))
+            # The server holds what it held for the save of this round when the API save
+            # starts (it slows down as it holds more).
+            new_fs(args.store, args.endpoint).rm(f"{BUCKET}/plain-{index}", recursive=True)
         url = f"{args.save_path}-api/ckpt-{index}"  # a root of their own: no orphan search
         api_saves.append(counted(lambda url=url: api_save(variable, url, options)))
         if put is not None:
             puts.append(put)
             fs = new_fs(args.store, args.endpoint)  # the server keeps only the saves' bytes
-            fs.rm([f"{BUCKET}/plain-{index}", url.split("://", 1)[1]], recursive=True)
+            fs.rm(url.split("://", 1)[1], recursive=True)
     best = min(saves, key=lambda s: s[0])
     out["save_s"], out["save_requests"] = best[0], best[1]
     out["save_requests_rounds"] = [sum(made.values()) for _, made, _ in saves]
