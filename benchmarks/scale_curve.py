@@ -17,7 +17,10 @@ share no memory):
   returns, the best of ``--rounds``, each right after a raw write + fsync of the same
   bytes whose files were deleted before it, as the synchronous saves are measured (the
   first one, which traces the snapshot function, is also given apart:
-  ``async_first_block_s``, ``async_first_total_s``);
+  ``async_first_block_s``, ``async_first_total_s``). Each round makes a synchronous and
+  an async save, the two taking turns going first: a save's time at 50M moves with the
+  memory the page cache is handed, which changes over the rounds (``sync_save_rounds_s``,
+  ``async_total_rounds_s``);
 * ``peak_rss_save_bytes``: the process's peak RSS over one more synchronous save after the
   timed ones, not timed, the checkpoint the restores read (the kernel's high-water mark,
   reset right before it: ``checkpoint_bench.PeakRss``),
@@ -219,8 +222,7 @@ def phase_fill_save(args: argparse.Namespace) -> None:
     reserves = variable.shards[0]._kernels.config.reserve_rows
     out["row_growth"] = "reserve" if reserves else "gather"  # by the table's device
     checkpoint = tf.train.Checkpoint(embedding=variable)
-    out.update(sync_saves(checkpoint, args))
-    out.update(async_saves(tf, checkpoint, args))
+    out.update(timed_saves(tf, checkpoint, args))
     with PeakRss() as rss:  # one more save, not timed: the checkpoint the restores read
         out["rss_before_save_bytes"] = rss.peak
         checkpoint.write(os.path.join(args.work, "sync", "ckpt"))
@@ -246,50 +248,59 @@ def fill(tf: Any, variable: Any, args: argparse.Namespace) -> dict[str, float]:
     return {"fill_s": seconds + time.perf_counter() - start, "first_upsert_s": first or 0.0}
 
 
-def sync_saves(checkpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """The best of ``--rounds`` raw writes and synchronous saves, taking turns (each finds
-    free the page cache the other just used); the saved checkpoint's bytes on disk."""
-    raw, sync = os.path.join(args.work, "raw"), os.path.join(args.work, "sync")
-    raw_writes, saves = [], []
-    for _ in range(args.rounds):
-        shutil.rmtree(sync, ignore_errors=True)
+def timed_saves(tf: Any, checkpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """``--rounds`` rounds of a synchronous and an async save, each right after a raw write
+    of the same bytes whose files were deleted before it (each finds free the page cache
+    the other just used), the two saves taking turns going first: the best raw write, the
+    best of each save (the async one until it returned and until ``sync()`` returned), the
+    first async save's (which traces the snapshot), and the saved checkpoint's bytes."""
+    options = tf.train.CheckpointOptions(enable_async=True)
+    raw = os.path.join(args.work, "raw")
+    raw_writes: list[float] = []
+    saves: list[float] = []
+    blocked: list[float] = []
+    totals: list[float] = []
+    saved_bytes = 0
+
+    def after_raw_write() -> None:
         raw_writes.append(harness.raw_write(raw, args.keys, args.dim))
         harness.remove_raw(raw)
-        saves.append(harness.timed(lambda: checkpoint.write(os.path.join(sync, "ckpt")))[0])
-    saved_bytes = folder_bytes(sync)
-    # Deleted: the saves after these find the page cache as these found it, holding no
-    # checkpoint of this table (with this one still cached, 3.7 GB at 50M x 16, the async
-    # saves' writing thread spent about 1.5x the system time in its writes).
-    shutil.rmtree(sync)
-    return {
-        "raw_write_fsync_s": min(raw_writes),
-        "sync_save_s": min(saves),
-        "saved_bytes": saved_bytes,
-        "raw_bytes": args.keys * (8 + 4 * args.dim),
-    }
 
+    def sync_save() -> None:
+        nonlocal saved_bytes
+        folder = os.path.join(args.work, "sync")
+        after_raw_write()
+        saves.append(harness.timed(lambda: checkpoint.write(os.path.join(folder, "ckpt")))[0])
+        saved_bytes = folder_bytes(folder)
+        # Deleted: the saves after this one find the page cache as this one found it,
+        # holding no checkpoint of this table (with one still cached, 3.7 GB at 50M x 16,
+        # an async save's writing thread spent about 1.5x the system time in its writes).
+        shutil.rmtree(folder)
 
-def async_saves(tf: Any, checkpoint: Any, args: argparse.Namespace) -> dict[str, float]:
-    """``--rounds`` async saves, each right after a raw write whose files were deleted (as
-    :func:`sync_saves` measures the synchronous ones): the best time each blocked and the
-    best until ``sync()`` returned, and the first save's (which traces the snapshot)."""
-    options = tf.train.CheckpointOptions(enable_async=True)
-    raw, folder = os.path.join(args.work, "raw"), os.path.join(args.work, "async")
-    blocked, totals = [], []
-    for _ in range(args.rounds):
-        harness.raw_write(raw, args.keys, args.dim)
-        harness.remove_raw(raw)
+    def async_save() -> None:
+        folder = os.path.join(args.work, "async")
+        after_raw_write()
         start = time.perf_counter()
         checkpoint.write(os.path.join(folder, "ckpt"), options=options)
         blocked.append(time.perf_counter() - start)
         checkpoint.sync()
         totals.append(time.perf_counter() - start)
         shutil.rmtree(folder)
+
+    for index in range(args.rounds):
+        for save in (sync_save, async_save) if index % 2 == 0 else (async_save, sync_save):
+            save()
     return {
+        "raw_write_fsync_s": min(raw_writes),
+        "sync_save_s": min(saves),
+        "saved_bytes": saved_bytes,
+        "raw_bytes": args.keys * (8 + 4 * args.dim),
         "async_block_s": min(blocked),
         "async_total_s": min(totals),
         "async_first_block_s": blocked[0],
         "async_first_total_s": totals[0],
+        "sync_save_rounds_s": saves,
+        "async_total_rounds_s": totals,
     }
 
 
