@@ -10,8 +10,8 @@ share no memory):
   in batches of 2**20 keys, each batch's numpy rows made outside the timing;
 * ``sync_save_s``: ``Checkpoint.write``, the best of ``--rounds``, each right after a raw
   write + fsync of the same bytes whose files were deleted before the save
-  (``raw_write_fsync_s``, the best of those: each finds free the page cache the other just
-  used, as ``checkpoint_bench.py`` measures them);
+  (``raw_write_fsync_s``, the best of those made before either kind of save: each finds
+  free the page cache the other just used, as ``checkpoint_bench.py`` measures them);
 * ``async_block_s`` / ``async_total_s``: ``Checkpoint.write`` with
   ``CheckpointOptions(enable_async=True)`` until it returns / until ``Checkpoint.sync()``
   returns, the best of ``--rounds``, each right after a raw write + fsync of the same
