@@ -32,7 +32,10 @@ uncompressed save's time over that floor. Work spread over the cores goes no fas
 the cores allow together: ``zstd_compress_parallel_s`` is the same compression in pieces of
 4 MiB on ``cores`` threads at once, and ``zstd_parallel_speedup`` its speed-up over one
 thread; ``zstd_measured_floor_save_s`` is the sum spread over the cores at that speed-up
-(``zstd_measured_floor_save_speed``).
+(``zstd_measured_floor_save_speed``). ``zstd_levels``: the value bytes compressed whole
+in one thread at levels 1, -1 and -5 (seconds, the best of three, and compressed over raw
+bytes): what zstd saves on float rows comes from its entropy coding of the literals, which
+its negative (fast) levels leave out, so no level below 1 is both faster and smaller.
 
 The rows stand in for trained embeddings (not constant rows): each row is a correlated
 Gaussian (standard normals times a random ``dim x dim`` mixing matrix, so dims co-vary as
@@ -123,7 +126,26 @@ def phase_save(args: argparse.Namespace) -> None:
         out[name].update(shard_bytes(os.path.join(args.dir, name), args))
     out["zstd_compress_s"] = zstd_compress_s(keys, values)
     out["zstd_compress_parallel_s"] = zstd_compress_s(keys, values, os.cpu_count() or 1)
+    out["zstd_levels"] = zstd_levels(values)
     harness.emit(out)
+
+
+#: The zstd levels ``zstd_levels`` compares: the saves' level and two fast ones.
+LEVELS = (1, -1, -5)
+
+
+def zstd_levels(values: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per level of :data:`LEVELS`: seconds to compress ``values`` whole in one thread
+    (the best of three) and the compressed bytes over the raw ones."""
+    import pyarrow as pa
+
+    data = memoryview(values).cast("B")
+    out = {}
+    for level in LEVELS:
+        codec = pa.Codec("zstd", level)
+        seconds = min(harness.timed(lambda c=codec: c.compress(data))[0] for _ in range(3))
+        out[str(level)] = {"s": seconds, "ratio": len(codec.compress(data)) / data.nbytes}
+    return out
 
 
 #: Bytes per piece of the parallel compression (about a part's value page at dim 16).
@@ -280,6 +302,7 @@ def main() -> None:
         result: dict[str, Any] = run_phase(args, "save")
         compress_s = result.pop("zstd_compress_s")
         parallel_s = result.pop("zstd_compress_parallel_s")
+        levels = result.pop("zstd_levels")
         for name in VARIANTS:
             result[name].update(run_phase(args, "restore", name))
     finally:
@@ -300,6 +323,9 @@ def main() -> None:
         f"(speed {reference_s / measured_floor_s:.2f})",
         flush=True,
     )
+    print("zstd on the value bytes, one thread, by level: " + "; ".join(
+        f"{level}: {f['s']:.3f} s, {f['ratio']:.3f}x the bytes" for level, f in levels.items()
+    ), flush=True)  # fmt: skip
     targets = {
         "zstd_save_speed": rel["float32_zstd"]["save_speed"],
         "zstd_save_speed_paired": rel["float32_zstd"]["save_speed_paired"],
@@ -311,7 +337,7 @@ def main() -> None:
     summary = {"keys": args.keys, "dim": args.dim, "format": args.format,
                "zstd_compress_s": compress_s, "cores": cores, "zstd_floor_save_s": floor_s,
                "zstd_compress_parallel_s": parallel_s, "zstd_parallel_speedup": speedup,
-               "zstd_measured_floor_save_s": measured_floor_s,
+               "zstd_measured_floor_save_s": measured_floor_s, "zstd_levels": levels,
                "targets": targets,
                "targets_met": {"zstd_save_speed": targets["zstd_save_speed"] >= 0.8,
                                "bfloat16_value_bytes": targets["bfloat16_value_bytes"] <= 0.5,
