@@ -26,8 +26,8 @@ share no memory):
   a training loop saves every so many steps (the best of ``--rounds``;
   ``async_block_again_rounds_s``). A save made right after the raw write can find this
   virtual machine's host still taking back the memory the deleted raw file freed: that
-  work runs on the save's thread and counts as its CPU time (``async_block_s`` of 0.08-0.2
-  s at 10M in some runs, 2-8 ms in others);
+  work runs on the save's thread and counts as its CPU time (``async_block_s`` of 0.07-0.19
+  s at 10M in some rounds, 2-8 ms in others);
 * ``peak_rss_save_bytes``: the process's peak RSS over one more synchronous save after the
   timed ones, not timed, the checkpoint the restores read (the kernel's high-water mark,
   reset right before it: ``checkpoint_bench.PeakRss``),
