@@ -342,18 +342,14 @@ class PlainParquetWriter:
         self._flush()
         self._row_groups.append((batch.num_rows, chunks))
 
-    def key_range(self, batch: pa.RecordBatch) -> tuple[int, int] | None:
-        """The smallest and largest integer key of ``batch`` (its first column), as its
-        statistics hold them, when ``batch`` is the batch written last and its keys got
-        statistics; None otherwise. Spares the part's key range a second pass over the
-        keys."""
-        keys = batch.schema.names[0]
-        found = self._ranges.get(keys) if batch is self._written else None
-        if found is None or not np.issubdtype(found[0].dtype, np.integer):
+    def key_range(self, batch: pa.RecordBatch) -> tuple[np.generic, np.generic] | None:
+        """The smallest and largest key of ``batch`` (its first column), as its statistics
+        hold them, when ``batch`` is the batch written last and its keys got statistics;
+        None otherwise. Spares the part's key range a second pass over the keys
+        (``_shard.write_parts``)."""
+        if batch is not self._written:
             return None
-        if batch.column(0).null_count:  # as _shard._key_range: a range of valid keys only
-            return None
-        return int(found[0]), int(found[1])
+        return self._ranges.get(self._schema[0].name)  # the keys, as the columns were written
 
     def _paged(self, batch: pa.RecordBatch) -> list[list[_Page]]:
         """The pages of each column of ``batch``, their frames being compressed when the

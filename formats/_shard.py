@@ -6,7 +6,7 @@ import collections
 import contextlib
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, BinaryIO, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -43,15 +43,15 @@ def write_parts(
     buffer_size: int,
     where: str,
     prepare: Callable[[pa.RecordBatch], None] | None = None,
-    written_range: Callable[[pa.RecordBatch], tuple[Key, Key] | None] | None = None,
+    written_range: Callable[[pa.RecordBatch], tuple[Any, Any] | None] | None = None,
 ) -> list[PartInfo]:
     """Split each batch at ``buffer_size`` rows, write each piece as a part, describe them.
 
     ``prepare``, when given, is called with each piece :data:`PREPARE_AHEAD` parts before
     it is written (a writer starting work in the background, such as compression).
-    ``written_range``, when given, answers the key range of the piece just written when the
-    writer found it already (a Parquet writer's column statistics), else None: the range is
-    then computed here."""
+    ``written_range``, when given, answers the smallest and largest key of the piece just
+    written when the writer found them already (a Parquet writer's column statistics), else
+    None: they are then computed here."""
     if buffer_size < 1:
         raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
     parts: list[PartInfo] = []
@@ -62,7 +62,7 @@ def write_parts(
     for piece in pieces if prepare is None else _prepared_ahead(pieces, prepare):
         ranges = write_part(piece)
         found = None if written_range is None else written_range(piece)
-        low, high = _key_range(piece.column(0)) if found is None else found
+        low, high = _key_range(piece.column(0), found)
         parts.append(PartInfo(piece.num_rows, row_offset, low, high, ranges))
         row_offset += piece.num_rows
     return parts
@@ -102,11 +102,14 @@ def _may_hold_nulls(column: pa.Array) -> bool:
     return column.null_count > 0
 
 
-def _key_range(keys: pa.Array) -> tuple[Key, Key]:
-    """:func:`~.batches.key_range`; integer keys through numpy (no compute kernel call)."""
+def _key_range(keys: pa.Array, found: tuple[Any, Any] | None = None) -> tuple[Key, Key]:
+    """:func:`~.batches.key_range`; integer keys through numpy (no compute kernel call), or
+    from ``found``, their smallest and largest as a writer found them."""
     if len(keys) and pa.types.is_integer(keys.type) and not keys.null_count:
-        values = keys.to_numpy(zero_copy_only=True)
-        return int(values.min()), int(values.max())
+        if found is None:
+            values = keys.to_numpy(zero_copy_only=True)
+            found = values.min(), values.max()
+        return int(found[0]), int(found[1])
     return key_range(keys)
 
 
