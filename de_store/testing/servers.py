@@ -13,8 +13,10 @@ the emulator stalls about 60 s.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -63,13 +65,63 @@ def gcs_storage_options(endpoint_url: str) -> dict[str, Any]:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 free at the time of the call."""
+    """A TCP port free on this machine at the time of the call (see ``free_ports``)."""
     return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports on 127.0.0.1 free at the time of the call (the sockets
-    are held until all are picked, so no two are the same)."""
+    """``count`` distinct TCP ports free on this machine at the time of the call.
+
+    They are drawn at random below the kernel's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``): between this call and the moment a
+    server binds one, no outgoing connection of any process takes it, as one could a
+    port the kernel hands out for ``bind(port 0)``. A port counts as free when it can be
+    bound on every IPv4 and IPv6 address.
+    """
+    low = _ephemeral_low()
+    if low is None or low - _FIRST_PORT < 4 * count:
+        return _kernel_ports(count)
+    ports: list[int] = []
+    draw = random.SystemRandom()
+    for port in draw.sample(range(_FIRST_PORT, low), low - _FIRST_PORT):
+        if _bindable(port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise OSError(f"only {len(ports)} of {count} ports free in {_FIRST_PORT}-{low - 1}")
+
+
+#: The lowest port ``free_ports`` draws; those below are often taken by system services.
+_FIRST_PORT = 10000
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of the kernel's ephemeral range, or None where it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(port: int) -> bool:
+    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this machine
+            continue
+        with sock:
+            try:
+                sock.bind((host, port))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE or family == socket.AF_INET:
+                    return False
+    return True
+
+
+def _kernel_ports(count: int) -> list[int]:
+    """``count`` distinct ports the kernel picks (the sockets are held until all are
+    picked, so no two are the same)."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,25 +42,41 @@ def servers(
     args: dict[tuple[str, int], Sequence[str]] | None = None,
 ) -> Iterator[list[subprocess.Popen]]:
     """Start a server process for every task of ``jobs`` (``args``: the arguments of
-    ``server.py`` by ``(job, task)``); kill them all on exit."""
+    ``server.py`` by ``(job, task)``) and wait until each listens; kill them all on exit.
+    A server that exits before it listens fails the test with its own error output."""
     args = args or {}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(SERVER), *args.get((job, task), ())],
-            env=task_env(cluster, job, task),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for job in jobs
-        for task in range(len(cluster.get(job, [])))
-    ]
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            proc.kill()
-        for proc in procs:
-            proc.wait()
+    tasks = [(job, task) for job in jobs for task in range(len(cluster.get(job, [])))]
+    with tempfile.TemporaryDirectory() as logs:
+        procs = []
+        try:
+            for job, task in tasks:
+                with open(Path(logs) / f"{job}{task}", "w") as log:
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, str(SERVER), *args.get((job, task), ())],
+                            env=task_env(cluster, job, task),
+                            stdout=subprocess.PIPE,
+                            stderr=log,
+                            text=True,
+                        )
+                    )
+            for (job, task), proc in zip(tasks, procs, strict=True):
+                assert proc.stdout is not None
+                if proc.stdout.readline() != "serving\n":
+                    proc.wait()
+                    error = (Path(logs) / f"{job}{task}").read_text()
+                    raise AssertionError(
+                        f"the server of {job}:{task} ({cluster[job][task]}) exited with "
+                        f"{proc.returncode} before it listened:\n{error[-6000:]}"
+                    )
+            yield procs
+        finally:
+            for proc in procs:
+                proc.kill()
+            for proc in procs:
+                proc.wait()
+                if proc.stdout is not None:
+                    proc.stdout.close()
 
 
 def run_task(

@@ -1,4 +1,5 @@
-"""A TensorFlow server for the task ``TF_CONFIG`` names; serves until killed.
+"""A TensorFlow server for the task ``TF_CONFIG`` names; prints ``serving`` once it
+listens, then serves until killed.
 
 ``server.py [PARK_WRITES_AT]``: with a byte count, no file this task writes grows past it.
 A write beyond it raises the file-size limit's SIGXFSZ, whose handler (set here, in C:
@@ -39,4 +40,5 @@ server = tf.distribute.Server(
     config=config,
     start=True,
 )
+print("serving", flush=True)
 server.join()
