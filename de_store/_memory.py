@@ -10,15 +10,40 @@ replaced. A save begins by handing back what ran before it freed (a fill's or a 
 loop's temporaries), so that its peak holds the table and not the process's past.
 ``malloc_trim`` hands the whole free pages back (a few milliseconds); elsewhere than glibc
 nothing is done.
+
+Where TensorFlow allocates with oneDNN's BFC allocator (its default CPU allocator on x86
+Linux), the stores a growth replaced go back to BFC's pool instead, which keeps them for
+later allocations and never hands their pages back: a table filled to 50M keys left GiBs
+of them resident beside it. :func:`release_free_chunks` hands back the pages of the
+chunks BFC holds free: it takes each chunk as a tensor of its own (``Empty``, which BFC
+serves from its free chunks, best fit), tells the kernel its pages are not needed
+(``madvise(MADV_DONTNEED)``) and frees it. Only memory the call holds alone is touched:
+a chunk is taken out of the pool before its pages go, and the tensors of a table, a
+training step or a save are never in the pool. A page handed back reads as zeros when
+BFC next hands out its chunk, and an allocation never relies on what was there before.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import sys
 from typing import Any
 
-__all__ = ["release_freed_memory"]
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["buffer_address", "cpu_bytes_in_use", "release_free_chunks", "release_freed_memory"]
+
+#: Free chunks smaller than this keep their pages: they serve a training step's own
+#: temporaries, and handing back a few MiB is not worth the faults of their next use.
+MIN_RELEASE_BYTES = 16 << 20
+#: Chunks one :func:`release_free_chunks` takes at most (a bound: each size ends when BFC
+#: serves the fallback chunk).
+MAX_PROBES = 256
+_MADV_DONTNEED = 4
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @functools.cache
@@ -31,3 +56,136 @@ def release_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+@functools.cache
+def _page_calls() -> Any:
+    """libc's ``madvise`` and ``mincore`` and Python's ``PyCapsule_GetPointer`` (None where
+    not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "madvise") or not hasattr(libc, "mincore"):
+        return None
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.madvise.restype = ctypes.c_int
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.mincore.restype = ctypes.c_int
+    capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    capsule_pointer.restype = ctypes.c_void_p
+    capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return libc, capsule_pointer
+
+
+def cpu_bytes_in_use() -> int | None:
+    """Bytes TensorFlow's CPU allocator counts in use; None where it keeps no count (the
+    system allocator answers 0 or raises) or the pages cannot be handed back here."""
+    if _page_calls() is None:
+        return None
+    try:
+        in_use = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
+    except (ValueError, tf.errors.OpError):
+        return None
+    return in_use or None
+
+
+def buffer_address(tensor: tf.Tensor) -> int:
+    """The address of a CPU tensor's buffer (through DLPack, without a copy)."""
+    calls = _page_calls()
+    assert calls is not None
+    capsule = tf.experimental.dlpack.to_dlpack(tensor)
+    return int(ctypes.c_void_p.from_address(calls[1](capsule, b"dltensor")).value or 0)
+
+
+def release_free_chunks(freed: list[tuple[int, int]], live: list[tuple[int, int]]) -> int:
+    """Hand back the pages of the chunks TensorFlow's CPU allocator holds free, given the
+    ``(address, bytes)`` of buffers the caller saw freed into its pool (the arrays a
+    growth replaced) and of buffers it holds (the arrays that replaced them); return the
+    bytes whose pages went.
+
+    BFC serves the smallest free chunk that fits, the lowest address first among equals,
+    and reserves new memory only when no free chunk fits. The biggest freed buffer that
+    no live one overlaps (a buffer allocated after it in the same growth may have taken
+    its memory) is free, so a chunk of its size is free:
+
+    1. Chunks of that size are taken and held, their pages handed back, until BFC serves
+       the buffer itself, or a chunk with no page resident (one handed back before: free
+       as well). That last chunk goes back to the pool at once: it stays free, the
+       fallback of every request that follows, all smaller.
+    2. Then sizes go down by halves to :data:`MIN_RELEASE_BYTES`. At each, chunks are
+       taken and held (so that the next request is served another), their resident
+       pages handed back, until BFC serves a piece of that fallback: the chunks left that
+       fit are no smaller than it.
+
+    At the end every chunk taken goes back to the pool. A chunk whose pages went reads
+    as zeros when BFC next serves it. Were the buffer not free after all (another thread
+    took its memory in between), BFC would reserve memory for one request of step 1,
+    which then serves as the fallback.
+    """
+    calls = _page_calls()
+    targets = [(a, n) for a, n in freed if n >= MIN_RELEASE_BYTES and not _overlaps(a, n, live)]
+    if calls is None or not targets:
+        return 0
+    libc = calls[0]
+    target = max(targets, key=lambda t: t[1])
+    size = target[1] // _PAGE * _PAGE
+    held: list[tf.Tensor] = []
+    released = probes = 0
+    try:
+        while True:
+            probes += 1
+            chunk, start = _take(size)
+            pages = _hand_back(libc, start, size)
+            released += pages
+            if not pages or _overlaps(start, size, [target]) or probes >= MAX_PROBES:
+                break
+            held.append(chunk)
+        fallback = [(start, size)]
+        chunk = None  # back to the pool
+        size //= 2
+        while size >= MIN_RELEASE_BYTES and probes < MAX_PROBES:
+            while probes < MAX_PROBES:
+                probes += 1
+                chunk, start = _take(size)
+                if _overlaps(start, size, fallback):
+                    break
+                released += _hand_back(libc, start, size)
+                held.append(chunk)
+            chunk = None
+            size //= 2
+    finally:
+        held.clear()
+    return released
+
+
+def _take(size: int) -> tuple[tf.Tensor, int]:
+    """A chunk of ``size`` bytes (whole pages) from TensorFlow's CPU allocator, unwritten,
+    and its address."""
+    size = size // _PAGE * _PAGE
+    with tf.device("/CPU:0"):
+        chunk = tf.raw_ops.Empty(shape=[size // _PAGE, _PAGE], dtype=tf.uint8, init=False)
+    return chunk, buffer_address(chunk)
+
+
+def _overlaps(start: int, size: int, buffers: list[tuple[int, int]]) -> bool:
+    return any(start < a + n and a < start + size for a, n in buffers)
+
+
+def _hand_back(libc: Any, start: int, size: int) -> int:
+    """``madvise(MADV_DONTNEED)`` the whole pages of ``[start, start + size)`` that hold a
+    resident page; return their bytes (0 when none was resident)."""
+    first = -(-start // _PAGE) * _PAGE
+    last = (start + size) // _PAGE * _PAGE
+    if last <= first or not _resident(libc, first, last - first):
+        return 0
+    if libc.madvise(first, last - first, _MADV_DONTNEED) != 0:
+        return 0
+    return last - first
+
+
+def _resident(libc: Any, start: int, size: int) -> bool:
+    """Whether any page of ``[start, start + size)`` (page-aligned) is resident."""
+    pages = np.zeros(size // _PAGE, dtype=np.uint8)
+    if libc.mincore(start, size, pages.ctypes.data) != 0:
+        return False
+    return bool(np.any(pages & 1))

@@ -15,7 +15,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from de_store._memory import release_freed_memory
+from de_store._memory import (
+    MIN_RELEASE_BYTES,
+    buffer_address,
+    cpu_bytes_in_use,
+    release_free_chunks,
+    release_freed_memory,
+)
 from de_store.tables import _kernel_cache, _xla
 from de_store.tables._change_tracking import STAMP_DTYPE
 from de_store.tables._index import handle_variable, race_from
@@ -27,7 +33,7 @@ from de_store.tables._locking import (
 )
 from de_store.tables._table_ops import TableOps
 from de_store.tables._types import Config, State, View
-from de_store.tables._variables import eager_length
+from de_store.tables._variables import eager_length, read_shared
 
 __all__ = ["Config", "Kernels", "State", "View", "kernels_for"]
 
@@ -116,13 +122,17 @@ class Kernels:
         """
         # A growth frees the index or row store it replaced, and the buffers of its steps:
         # where TensorFlow allocates with malloc, freed pages in malloc's arenas stay in
-        # the process until trimmed (see :mod:`de_store._memory`).
+        # the process until trimmed; under BFC, in BFC's pool (see :mod:`de_store._memory`).
         watched = tf.executing_eagerly() and not self.config.fixed_shapes
         grows = watched and name in GROWING and _keys(args) >= OP_BY_OP_MIN_KEYS
         sizes = _sizes(state) if grows else None
+        in_use = cpu_bytes_in_use() if grows and self.config.reserve_rows else None
+        stores = _stores(state) if in_use is not None else None
         result = self._dispatch(name, mutex, state, args)
         if sizes is not None and _sizes(state) != sizes:
             release_freed_memory()
+            if stores is not None and in_use is not None:
+                _release_replaced(stores, _stores(state), in_use)
         return result
 
     def _dispatch(self, name: str, mutex: tf.Tensor, state: State, args: tuple[Any, ...]) -> Any:
@@ -347,6 +357,46 @@ def _keys(args: tuple[Any, ...]) -> int:
     """The length of a keyed kernel's first argument, its keys (0 when not known)."""
     shape = tf.TensorShape(getattr(args[0], "shape", None) if args else None)
     return int(shape[0] or 0) if shape.rank else 0
+
+
+#: The arrays a growth replaces (``Capacity.rehash``, ``Capacity._ensure_rows``, the free
+#: list's push).
+GROWN = ("index", "values", "row_keys", "stamps", "free_rows")
+
+
+def _stores(state: State) -> dict[str, tuple[int, int]]:
+    """The ``(address, bytes)`` of each of a table's :data:`GROWN` arrays on a CPU (the
+    address only of those the release would take, 0 for the others)."""
+    stores = {}
+    for name in GROWN:
+        var = getattr(state, name)
+        size = eager_length(var) * var.shape[1:].num_elements() * var.dtype.size
+        big = size >= MIN_RELEASE_BYTES
+        stores[name] = (buffer_address(read_shared(var)) if big else 0, size)
+    return stores
+
+
+def _release_replaced(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], in_use: int
+) -> None:
+    """After a growth of a table on a CPU, hand back the pages of the arrays it replaced,
+    and of the other chunks the CPU allocator holds free
+    (:func:`~de_store._memory.release_free_chunks`), given the allocator's count in use
+    before the growth (``in_use``).
+
+    Only when they went back to the pool: an array still held elsewhere (a save's
+    snapshot of the table) is not freed by its replacement, and a request for a chunk
+    as big would make the allocator reserve new memory. The count tells: after a growth
+    it is the count before, plus the new arrays, less the replaced ones if they were
+    freed. Within an eighth of them (another thread's allocations move the count too)
+    they all were; otherwise nothing is requested.
+    """
+    replaced = [store for name, store in before.items() if after[name][1] != store[1]]
+    added = sum(size for name, (_, size) in after.items() if before[name][1] != size)
+    now = cpu_bytes_in_use()
+    freed = sum(size for _, size in replaced)
+    if replaced and now is not None and in_use + added - now >= freed - freed // 8:
+        release_free_chunks(replaced, [store for name, store in after.items() if store[1]])
 
 
 def _sizes(state: State) -> tuple[int, int]:

@@ -1,0 +1,154 @@
+"""The pages of the buffers TensorFlow's CPU allocator (oneDNN's BFC) holds free are handed
+back to the system after a table's growth, and nothing held is touched.
+
+Each test runs in a fresh process: BFC's pool then holds only what the test put there,
+and the allocator is chosen before TensorFlow is imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+MIB = 1 << 20
+
+PRELUDE = """
+import ctypes, json
+import numpy as np
+import tensorflow as tf
+from de_store import _memory
+from de_store.tables._variables import read_shared
+
+def address(tensor):
+    return _memory.buffer_address(tensor)
+
+def _unused(tensor):
+    capsule = tf.experimental.dlpack.to_dlpack(tensor)
+    libc, pointer = _memory._page_calls()
+    return ctypes.c_void_p.from_address(pointer(capsule, b"dltensor")).value
+
+def resident_bytes(start, size):
+    page = _memory._PAGE
+    first, last = -(-start // page) * page, (start + size) // page * page
+    pages = np.zeros((last - first) // page, np.uint8)
+    libc, _ = _memory._page_calls()
+    assert libc.mincore(first, last - first, pages.ctypes.data) == 0
+    return int((pages & 1).sum()) * page
+"""
+
+
+def run_child(code: str, **env: str) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+
+def test_a_freed_buffers_pages_go_back_and_live_buffers_keep_their_bytes():
+    out = run_child(
+        """
+        size = 96 << 20
+        freed = tf.fill([size // 4], 1.5)
+        kept = tf.fill([size // 4], 2.5)
+        assert _memory.cpu_bytes_in_use() >= 2 * size  # BFC counts them
+        start = address(freed)
+        before = resident_bytes(start, size)
+        del freed
+        released = _memory.release_free_chunks([(start, size)], [(address(kept), size)])
+        print(json.dumps({
+            "before": before, "after": resident_bytes(start, size), "released": released,
+            "kept_intact": bool(tf.reduce_all(kept == 2.5)),
+        }))
+        """
+    )
+    assert out["before"] >= 95 * MIB
+    assert out["after"] == 0
+    assert out["released"] >= 95 * MIB
+    assert out["kept_intact"]
+
+
+def test_a_growing_table_hands_back_the_store_it_replaced_and_keeps_every_row():
+    out = run_child(
+        """
+        from de_store.tables import HashTable
+        table = HashTable(tf.int64, tf.float32, 16, name="grown")
+        batch = 1 << 18
+        def rows(keys):
+            return tf.cast(tf.tile(keys[:, None], [1, 16]), tf.float32) * 0.5
+        count, old = 0, None
+        while True:
+            keys = tf.range(count, count + batch, dtype=tf.int64)
+            length = int(tf.shape(table.values)[0])
+            store = read_shared(table.values)
+            start, size = address(store), int(store.shape[0]) * 64
+            del store
+            table.insert(keys, rows(keys))
+            count += batch
+            if int(tf.shape(table.values)[0]) != length and size >= 64 << 20:
+                old = (start, size)
+                break
+        after = resident_bytes(*old)
+        keys = tf.range(count, dtype=tf.int64)
+        found, exists = table.lookup(keys)
+        print(json.dumps({
+            "old_store": old[1], "resident_after": after, "keys": count,
+            "all_found": bool(tf.reduce_all(exists)),
+            "rows_equal": bool(tf.reduce_all(found == rows(keys))),
+        }))
+        """
+    )
+    assert out["old_store"] >= 64 * MIB
+    # the replaced store's pages went, but for what later allocations took again
+    assert out["resident_after"] <= out["old_store"] // 4
+    assert out["all_found"] and out["rows_equal"]
+
+
+def test_a_store_held_elsewhere_through_a_growth_keeps_its_pages_and_bytes():
+    out = run_child(
+        """
+        from de_store.tables import HashTable
+        table = HashTable(tf.int64, tf.float32, 16, name="held")
+        batch = 1 << 18
+        count = 0
+        while True:
+            keys = tf.range(count, count + batch, dtype=tf.int64)
+            length = int(tf.shape(table.values)[0])
+            held = read_shared(table.values)  # as a save's snapshot holds it
+            copy = held.numpy().copy()
+            table.insert(keys, tf.ones([batch, 16]))
+            count += batch
+            if int(tf.shape(table.values)[0]) != length and copy.nbytes >= 64 << 20:
+                break
+            del held
+        size = copy.nbytes
+        print(json.dumps({
+            "size": size, "resident": resident_bytes(address(held), size),
+            "intact": bool(np.array_equal(held.numpy(), copy)),
+        }))
+        """
+    )
+    assert out["resident"] >= out["size"] - 2 * MIB
+    assert out["intact"]
+
+
+def test_with_the_system_allocator_nothing_is_counted_and_nothing_taken():
+    out = run_child(
+        """
+        kept = tf.fill([1 << 24], 2.5)
+        print(json.dumps({"in_use": _memory.cpu_bytes_in_use()}))
+        """,
+        TF_ONEDNN_USE_SYSTEM_ALLOCATOR="1",
+    )
+    assert out["in_use"] is None
