@@ -29,10 +29,12 @@ import ctypes
 import functools
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 __all__ = ["buffer_address", "cpu_bytes_in_use", "release_free_chunks", "release_freed_memory"]
 
@@ -82,6 +84,8 @@ def cpu_bytes_in_use() -> int | None:
     system allocator answers 0 or raises) or the pages cannot be handed back here."""
     if _page_calls() is None:
         return None
+    import tensorflow as tf  # the restore flow imports this module without TensorFlow
+
     try:
         in_use = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
     except (ValueError, tf.errors.OpError):
@@ -91,6 +95,8 @@ def cpu_bytes_in_use() -> int | None:
 
 def buffer_address(tensor: tf.Tensor) -> int:
     """The address of a CPU tensor's buffer (through DLPack, without a copy)."""
+    import tensorflow as tf
+
     calls = _page_calls()
     assert calls is not None
     capsule = tf.experimental.dlpack.to_dlpack(tensor)
@@ -161,6 +167,8 @@ def release_free_chunks(freed: list[tuple[int, int]], live: list[tuple[int, int]
 def _take(size: int) -> tuple[tf.Tensor, int]:
     """A chunk of ``size`` bytes (whole pages) from TensorFlow's CPU allocator, unwritten,
     and its address."""
+    import tensorflow as tf
+
     size = size // _PAGE * _PAGE
     with tf.device("/CPU:0"):
         chunk = tf.raw_ops.Empty(shape=[size // _PAGE, _PAGE], dtype=tf.uint8, init=False)

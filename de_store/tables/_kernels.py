@@ -8,6 +8,7 @@ the variables it is given, holding the table's mutex (:mod:`._locking`).
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +37,8 @@ from de_store.tables._types import Config, State, View
 from de_store.tables._variables import eager_length, read_shared
 
 __all__ = ["Config", "Kernels", "State", "View", "kernels_for"]
+
+_log = logging.getLogger(__name__)
 
 
 #: Kernels whose eager calls run op by op from this many keys on (see
@@ -389,14 +392,19 @@ def _release_replaced(
     as big would make the allocator reserve new memory. The count tells: after a growth
     it is the count before, plus the new arrays, less the replaced ones if they were
     freed. Within an eighth of them (another thread's allocations move the count too)
-    they all were; otherwise nothing is requested.
+    they all were; otherwise nothing is requested. A request the allocator refuses ends
+    the release and leaves the growth as it is.
     """
     replaced = [store for name, store in before.items() if after[name][1] != store[1]]
     added = sum(size for name, (_, size) in after.items() if before[name][1] != size)
     now = cpu_bytes_in_use()
     freed = sum(size for _, size in replaced)
     if replaced and now is not None and in_use + added - now >= freed - freed // 8:
-        release_free_chunks(replaced, [store for name, store in after.items() if store[1]])
+        live = [store for store in after.values() if store[1]]
+        try:
+            release_free_chunks(replaced, live)
+        except (tf.errors.OpError, OSError) as error:  # the growth itself is done
+            _log.debug("handing back free pages after a growth failed: %s", error)
 
 
 def _sizes(state: State) -> tuple[int, int]:
