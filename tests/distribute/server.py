@@ -1,5 +1,4 @@
-"""A TensorFlow server for the task ``TF_CONFIG`` names; prints ``serving`` once it
-listens, then serves until killed.
+"""A TensorFlow server for the task ``TF_CONFIG`` names; serves until killed.
 
 ``server.py [PARK_WRITES_AT]``: with a byte count, no file this task writes grows past it.
 A write beyond it raises the file-size limit's SIGXFSZ, whose handler (set here, in C:
@@ -40,5 +39,4 @@ server = tf.distribute.Server(
     config=config,
     start=True,
 )
-print("serving", flush=True)
 server.join()
