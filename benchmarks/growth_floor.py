@@ -188,18 +188,17 @@ def phase_fill(args: argparse.Namespace) -> None:
     harness.emit(
         {"fill_s": seconds, "rss_after_import_bytes": runtime, "rss_after_fill_bytes": rss,
          "data_bytes": data_bytes, "over_data_and_runtime_mib": (rss - runtime - data_bytes) / MIB,
-         "allocator_in_use_bytes": allocator_in_use(tf)}
+         "allocator_in_use_bytes": allocator_in_use()}
     )  # fmt: skip
 
 
-def allocator_in_use(tf: Any) -> int | None:
+def allocator_in_use() -> int | None:
     """Bytes TensorFlow's CPU allocator counts in use (None where it keeps no count: the
-    system allocator answers 0, or raises, with a table filled)."""
-    try:
-        in_use = int(tf.config.experimental.get_memory_info("CPU:0")["current"])
-    except (ValueError, tf.errors.OpError):
-        return None
-    return in_use or None
+    system allocator answers 0, or raises, with a table filled). Imported here, after the
+    RSS is read: the plain layouts' runtime holds no de_store."""
+    from de_store._memory import cpu_bytes_in_use
+
+    return cpu_bytes_in_use()
 
 
 def phase_bfc_region(args: argparse.Namespace) -> None:

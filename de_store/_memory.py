@@ -13,14 +13,15 @@ nothing is done.
 
 Where TensorFlow allocates with oneDNN's BFC allocator (its default CPU allocator on x86
 Linux), the stores a growth replaced go back to BFC's pool instead, which keeps them for
-later allocations and never hands their pages back: a table filled to 50M keys left GiBs
-of them resident beside it. :func:`release_free_chunks` hands back the pages of the
-chunks BFC holds free: it takes each chunk as a tensor of its own (``Empty``, which BFC
-serves from its free chunks, best fit), tells the kernel its pages are not needed
+later allocations and never hands their pages back: a table filled to 50M keys holds GiBs
+of them beside it. :func:`release_free_chunks` hands back the pages of the chunks BFC
+holds free: it takes each chunk as a tensor of its own (``Empty``, which BFC serves from
+its free chunks, best fit), tells the kernel its pages are not needed
 (``madvise(MADV_DONTNEED)``) and frees it. Only memory the call holds alone is touched:
-a chunk is taken out of the pool before its pages go, and the tensors of a table, a
-training step or a save are never in the pool. A page handed back reads as zeros when
-BFC next hands out its chunk, and an allocation never relies on what was there before.
+the pages of a chunk go while the call holds it out of the pool, and the tensors of a
+table, a training step or a save are never in the pool. A page handed back reads as
+zeros when BFC next hands out its chunk, and an allocation never relies on what was
+there before.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def release_free_chunks(freed: list[tuple[int, int]], live: list[tuple[int, int]
         return 0
     libc = calls[0]
     target = max(targets, key=lambda t: t[1])
-    size = target[1] // _PAGE * _PAGE
+    size = _pages(target[1])
     held: list[tf.Tensor] = []
     released = probes = 0
     try:
@@ -148,7 +149,7 @@ def release_free_chunks(freed: list[tuple[int, int]], live: list[tuple[int, int]
             held.append(chunk)
         fallback = [(start, size)]
         chunk = None  # back to the pool
-        size //= 2
+        size = _pages(size // 2)
         while size >= MIN_RELEASE_BYTES and probes < MAX_PROBES:
             while probes < MAX_PROBES:
                 probes += 1
@@ -158,10 +159,16 @@ def release_free_chunks(freed: list[tuple[int, int]], live: list[tuple[int, int]
                 released += _hand_back(libc, start, size)
                 held.append(chunk)
             chunk = None
-            size //= 2
+            size = _pages(size // 2)
     finally:
         held.clear()
     return released
+
+
+def _pages(size: int) -> int:
+    """``size`` rounded down to whole pages: every chunk taken is exactly that big, so
+    that no page handed back reaches past it."""
+    return size // _PAGE * _PAGE
 
 
 def _take(size: int) -> tuple[tf.Tensor, int]:
@@ -169,7 +176,7 @@ def _take(size: int) -> tuple[tf.Tensor, int]:
     and its address."""
     import tensorflow as tf
 
-    size = size // _PAGE * _PAGE
+    assert size % _PAGE == 0, size
     with tf.device("/CPU:0"):
         chunk = tf.raw_ops.Empty(shape=[size // _PAGE, _PAGE], dtype=tf.uint8, init=False)
     return chunk, buffer_address(chunk)
@@ -180,20 +187,32 @@ def _overlaps(start: int, size: int, buffers: list[tuple[int, int]]) -> bool:
 
 
 def _hand_back(libc: Any, start: int, size: int) -> int:
-    """``madvise(MADV_DONTNEED)`` the whole pages of ``[start, start + size)`` that hold a
-    resident page; return their bytes (0 when none was resident)."""
-    first = -(-start // _PAGE) * _PAGE
-    last = (start + size) // _PAGE * _PAGE
-    if last <= first or not _resident(libc, first, last - first):
+    """``madvise(MADV_DONTNEED)`` the whole pages inside ``[start, start + size)`` when one
+    of them is resident; return their bytes (0 when none was resident)."""
+    first, last = whole_pages(start, size)
+    try:
+        if last <= first or not resident_bytes(first, last - first):
+            return 0
+    except OSError:  # the kernel cannot tell: leave the pages
         return 0
     if libc.madvise(first, last - first, _MADV_DONTNEED) != 0:
         return 0
     return last - first
 
 
-def _resident(libc: Any, start: int, size: int) -> bool:
-    """Whether any page of ``[start, start + size)`` (page-aligned) is resident."""
+def whole_pages(start: int, size: int) -> tuple[int, int]:
+    """The first and the end address of the whole pages inside ``[start, start + size)``."""
+    return -(-start // _PAGE) * _PAGE, (start + size) // _PAGE * _PAGE
+
+
+def resident_bytes(start: int, size: int) -> int:
+    """The bytes of the resident pages of ``[start, start + size)`` (page-aligned), as
+    ``mincore`` reports them; OSError where it cannot tell."""
+    calls = _page_calls()
+    if calls is None:
+        raise OSError("mincore is not available here")
     pages = np.zeros(size // _PAGE, dtype=np.uint8)
-    if libc.mincore(start, size, pages.ctypes.data) != 0:
-        return False
-    return bool(np.any(pages & 1))
+    if calls[0].mincore(start, size, pages.ctypes.data) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"mincore of {size} bytes at {start:#x}: {os.strerror(error)}")
+    return int(np.count_nonzero(pages & 1)) * _PAGE

@@ -17,27 +17,17 @@ import pytest
 MIB = 1 << 20
 
 PRELUDE = """
-import ctypes, json
+import json
 import numpy as np
 import tensorflow as tf
 from de_store import _memory
 from de_store.tables._variables import read_shared
 
-def address(tensor):
-    return _memory.buffer_address(tensor)
-
-def _unused(tensor):
-    capsule = tf.experimental.dlpack.to_dlpack(tensor)
-    libc, pointer = _memory._page_calls()
-    return ctypes.c_void_p.from_address(pointer(capsule, b"dltensor")).value
+address = _memory.buffer_address
 
 def resident_bytes(start, size):
-    page = _memory._PAGE
-    first, last = -(-start // page) * page, (start + size) // page * page
-    pages = np.zeros((last - first) // page, np.uint8)
-    libc, _ = _memory._page_calls()
-    assert libc.mincore(first, last - first, pages.ctypes.data) == 0
-    return int((pages & 1).sum()) * page
+    first, last = _memory.whole_pages(start, size)
+    return _memory.resident_bytes(first, last - first)
 """
 
 
