@@ -31,7 +31,17 @@ reserves, written when the region is made: 1/32 of the region, written or not.
 
 ``allocator_in_use_bytes``: what TensorFlow's CPU allocator counts in use after the fill
 (``tf.config.experimental.get_memory_info``; ``None`` where it keeps no count). The RSS
-over it is what the allocator holds free, and malloc's.
+over it is what the allocator holds free, and malloc's. ``address_space_added_by_fill_mib``:
+the address space the fill added (``VmSize``): under BFC, the regions it reserved and their
+handles (1/32 of them, all resident), which it never gives back.
+
+``--release`` then hands back the pages of the chunks BFC holds free, as a growth's
+release does (:func:`release_all`: every size from ``--release-from`` down by halves to
+16 MiB, chunks taken until one has no page resident), and reports the RSS over the data
+and the runtime after it (``over_after_release_mib``): what any release of free chunks
+leaves of each layout, BFC's handles above all. ``address_space_added_mib`` is the address
+space the release itself made BFC reserve (a request no free chunk fitted), whose handles
+count in the RSS after it.
 
 ``--allocator system`` runs every process with ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1`` (malloc
 and free). Figures: ``over_data_and_runtime_mib`` per layout; the last line is the JSON.
@@ -169,6 +179,7 @@ class PlainTable:
 def phase_fill(args: argparse.Namespace) -> None:
     """Fill one layout's table in this process; emit its seconds, RSS and data bytes."""
     tf, runtime = import_tf(args.phase == "de_store")
+    space = address_space()
     if args.phase == "de_store":
         import de_store
 
@@ -185,11 +196,49 @@ def phase_fill(args: argparse.Namespace) -> None:
         seconds += time.perf_counter() - start
     del batch, batch_keys, batch_values  # the last batch's copies: not the table's
     rss, data_bytes = current_rss(), data()
-    harness.emit(
-        {"fill_s": seconds, "rss_after_import_bytes": runtime, "rss_after_fill_bytes": rss,
-         "data_bytes": data_bytes, "over_data_and_runtime_mib": (rss - runtime - data_bytes) / MIB,
-         "allocator_in_use_bytes": allocator_in_use()}
-    )  # fmt: skip
+    over = (rss - runtime - data_bytes) / MIB
+    out = {"fill_s": seconds, "rss_after_import_bytes": runtime, "rss_after_fill_bytes": rss,
+           "data_bytes": data_bytes, "over_data_and_runtime_mib": over,
+           "allocator_in_use_bytes": allocator_in_use(),
+           "address_space_added_by_fill_mib": (address_space() - space) / MIB}  # fmt: skip
+    if args.release:
+        space = address_space()
+        out["released_chunk_bytes"] = release_all(args.release_from)
+        out["address_space_added_mib"] = (address_space() - space) / MIB
+        out["over_after_release_mib"] = (current_rss() - runtime - data_bytes) / MIB
+    harness.emit(out)
+
+
+def release_all(largest: int) -> int:
+    """Hand back the resident pages of every chunk of 16 MiB or more that BFC holds free:
+    at each size from ``largest`` down by halves, chunks are taken (and held, so that the
+    next request gets another) until one has no page resident; return the bytes of the
+    chunks that had some (the RSS falls by their resident pages only)."""
+    from de_store._memory import MIN_RELEASE_BYTES, _hand_back, _page_calls, _take
+
+    calls = _page_calls()
+    if calls is None:
+        return 0
+    held, released, size = [], 0, largest
+    while size >= MIN_RELEASE_BYTES:
+        while True:
+            chunk, start = _take(size)
+            held.append(chunk)
+            pages = _hand_back(calls[0], start, size)
+            released += pages
+            if not pages:
+                break
+        size //= 2
+    return released
+
+
+def address_space() -> int:
+    """Bytes of this process's address space (``VmSize``)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def allocator_in_use() -> int | None:
@@ -215,6 +264,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--block-rows", type=int, default=1 << 20)
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--release", action="store_true")
+    parser.add_argument("--release-from", type=int, default=1 << 30)
     parser.add_argument("--allocator", choices=("default", "system"), default="default")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -230,7 +281,8 @@ def main() -> None:
         return
     env = {"TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"} if args.allocator == "system" else {}
     options = ["--keys", str(args.keys), "--dim", str(args.dim)]
-    options += ["--block-rows", str(args.block_rows)]
+    options += ["--block-rows", str(args.block_rows), "--release-from", str(args.release_from)]
+    options += ["--release"] if args.release else []
     result: dict[str, Any] = {"keys": args.keys, "dim": args.dim, "block_rows": args.block_rows,
                               "allocator": args.allocator, "layouts": {}}  # fmt: skip
     print(f"{args.keys:,} x {args.dim}, allocator {args.allocator}: RSS over data + runtime")
@@ -244,6 +296,11 @@ def main() -> None:
               f"{figures['data_bytes'] / MIB:8,.0f} MiB  over "
               f"{figures['over_data_and_runtime_mib']:7,.0f} MiB  allocator in use "
               f"{'-' if in_use is None else f'{in_use / MIB:,.0f} MiB'}", flush=True)  # fmt: skip
+        if args.release:
+            chunks, added = figures["released_chunk_bytes"], figures["address_space_added_mib"]
+            print(f"  {'':<11} after the release ({chunks / MIB:,.0f} MiB of free chunks "
+                  f"had pages): over {figures['over_after_release_mib']:7,.0f} MiB, address "
+                  f"space added {added:,.0f} MiB", flush=True)  # fmt: skip
     region = harness.run_phase(__file__, "bfc_region", options, env=env)
     result["unwritten_store"] = region
     print(f"  a {region['store_bytes'] / MIB:,.0f} MiB store left unwritten adds "

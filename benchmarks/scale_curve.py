@@ -670,6 +670,8 @@ def main() -> None:
     points = parse_points(args.points)
     result: dict[str, Any] = {"points_asked": args.points, "allocator": args.allocator}
     result["machine_before"] = machine_state()
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
     args.run_dir = tempfile.mkdtemp(prefix="de_store_scale_curve_", dir=args.dir)
     try:
         for dim in sorted({dim for _, dim in points}):  # fills the run's kernel cache
