@@ -25,6 +25,18 @@ SEED = 1234
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
+def proc_status(*fields: str) -> dict[str, int]:
+    """The ``fields`` of ``/proc/self/status`` that this kernel reports (``VmRSS``,
+    ``VmHWM``, ``VmSize``, ...), in bytes (the file gives kB)."""
+    found = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            name = line.split(":", 1)[0]
+            if name in fields:
+                found[name] = int(line.split()[1]) * 1024
+    return found
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     """Seconds ``fn()`` took, and its result."""
     start = time.perf_counter()

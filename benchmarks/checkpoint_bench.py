@@ -114,13 +114,9 @@ class PeakRss:
     @staticmethod
     def _high_water_mark() -> int:
         try:
-            with open("/proc/self/status") as status:
-                for line in status:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024  # kB
+            return harness.proc_status("VmHWM").get("VmHWM", 0)
         except OSError:
-            pass
-        return 0
+            return 0
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -160,11 +160,7 @@ class RssSampler:
     @staticmethod
     def now() -> tuple[int, int]:
         """RSS and its anonymous part, bytes."""
-        found = {}
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(("VmRSS:", "RssAnon:")):
-                    found[line.split(":")[0]] = int(line.split()[1]) * 1024  # kB
+        found = harness.proc_status("VmRSS", "RssAnon")
         return found["VmRSS"], found["RssAnon"]
 
     def _run(self) -> None:

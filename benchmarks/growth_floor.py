@@ -233,12 +233,8 @@ def release_all(largest: int) -> int:
 
 
 def address_space() -> int:
-    """Bytes of this process's address space (``VmSize``)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    """Bytes of this process's address space (``VmSize``; 0 where not reported)."""
+    return harness.proc_status("VmSize").get("VmSize", 0)
 
 
 def allocator_in_use() -> int | None:
