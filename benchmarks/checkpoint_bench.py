@@ -333,7 +333,7 @@ def run_phase(args: argparse.Namespace, phase: str, **changes: Any) -> dict[str,
     options = ["--keys", str(values["keys"]), "--dim", str(values["dim"])]
     options += ["--shards", str(values["shards"]), "--save-shards", str(args.shards)]
     options += ["--format", values["format"], "--dir", values["dir"]]
-    options += ["--formats", *values["formats"]] if values["formats"] else []
+    options += ["--formats", *values["formats"]]  # none given: "--formats" alone, an empty list
     cache = {"DE_STORE_CACHE_DIR": os.path.join(args.dir, "cache")}
     return harness.run_phase(__file__, phase, options, env=cache)
 
