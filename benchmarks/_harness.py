@@ -3,12 +3,14 @@ references, and figures passed between phases.
 
 A script that runs phases in fresh processes prints each phase's figures as one line
 ``RESULT {json}`` (:func:`emit`) and reads them back from :func:`run_phase`. This module
-imports numpy and the standard library only: the TFRA side of ``tfra_bench.py`` imports it
+imports numpy and the standard library only (and de_store's ``testing/page_cache.py``,
+which does too, by its path): the TFRA side of ``tfra_bench.py`` imports it
 under another interpreter.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -44,19 +46,20 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
-def drop_cache(root: str) -> None:
-    """Evict a file, or every file under a folder, from the page cache (fsynced first), so
-    that the next read is cold."""
-    paths = [root] if os.path.isfile(root) else []
-    for folder, _, files in os.walk(root):
-        paths += [os.path.join(folder, f) for f in files]
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+def _page_cache() -> Any:
+    """``de_store/testing/page_cache.py``, loaded by its path: it imports the standard
+    library only, and the TFRA side runs where de_store is not installed."""
+    path = os.path.join(os.path.dirname(__file__), "..", "de_store", "testing", "page_cache.py")
+    spec = importlib.util.spec_from_file_location("_de_store_page_cache", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: Evict a file, or every file under a folder, from the page cache (fsynced first), so
+#: that the next read is cold.
+drop_cache: Callable[[str], None] = _page_cache().evict
 
 
 def cold_read_setup(root: str) -> str:

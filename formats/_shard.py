@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 PartWriter = Callable[[pa.RecordBatch], tuple[ByteRange, ...]]
 #: Parts read and decoded ahead of the one being returned, in background threads.
 READ_AHEAD = 2
+#: Bytes a part has at least to be read by position (see :class:`PartReader`): a smaller
+#: one is read through the file's stream, whose read-ahead serves small parts better, and
+#: the whole pages a positional read takes would be a larger share of its bytes.
+POSITIONAL_READ_BYTES = 1 << 20
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -189,6 +193,11 @@ class PartReader:
 
     Parts are decoded by several threads, but each fetch waits for its turn, so the
     backend's streamed read (and its read-ahead on object stores) sees sequential reads.
+    A file that reads by position (a local file's ``read_at``) has its parts of
+    :data:`POSITIONAL_READ_BYTES` or more read by the threads at once, each part's turn
+    passing as its read starts, into buffers of Arrow's memory pool: the pool hands the
+    memory of parts already used to the next ones (its pages first touched once, not once
+    a part), and frees a buffer only once no array decoded in place from it is left.
     """
 
     def __init__(self, f: BinaryIO, where: str) -> None:
@@ -196,22 +205,47 @@ class PartReader:
         self._where = where
         self._turn = 0
         self._cond = threading.Condition()
+        self._read_at: Callable[[memoryview, int], int] | None = getattr(f, "read_at", None)
 
-    def fetch(self, turn: int, r: ByteRange) -> bytes:
-        """Bytes ``r`` once fetches ``0 .. turn - 1`` are done (unchecked).
+    def fetch(self, turn: int, r: ByteRange) -> bytes | pa.Buffer:
+        """Bytes ``r`` once fetches ``0 .. turn - 1`` are done, or started where the file
+        reads by position (unchecked).
 
         The turn passes on even when the read fails, so later parts never wait forever.
         """
+        read_at = self._read_at if r.length >= POSITIONAL_READ_BYTES else None
         with self._cond:
             self._cond.wait_for(lambda: self._turn == turn)
-            try:
-                self._f.seek(r.offset)
-                return read_exact(self._f, r.length, self._where)
-            finally:
+            if read_at is not None:
                 self._turn += 1
                 self._cond.notify_all()
+            else:
+                try:
+                    self._f.seek(r.offset)
+                    return read_exact(self._f, r.length, self._where)
+                finally:
+                    self._turn += 1
+                    self._cond.notify_all()
+        return self._read_positioned(read_at, r)
 
-    def read(self, turn: int, r: ByteRange, what: str) -> bytes:
+    def _read_positioned(
+        self, read_at: Callable[[memoryview, int], int], r: ByteRange
+    ) -> pa.Buffer:
+        """Bytes ``r``, read with the file's alignment (``read_alignment``) into a buffer
+        of Arrow's memory pool."""
+        align: int = self._f.read_alignment  # type: ignore[attr-defined]
+        start = r.offset - r.offset % align
+        end = -(-r.end // align) * align
+        buffer = pa.allocate_buffer(end - start + align)
+        pad = -buffer.address % align
+        found = read_at(memoryview(buffer)[pad : pad + end - start], start) - (r.offset - start)
+        if found < r.length:
+            raise FormatError(
+                f"{self._where} is truncated: expected {r.length} more bytes, found {max(found, 0)}"
+            )
+        return buffer.slice(pad + r.offset - start, r.length)
+
+    def read(self, turn: int, r: ByteRange, what: str) -> bytes | pa.Buffer:
         """:meth:`fetch`, then check the bytes against ``r.crc32c``."""
         data = self.fetch(turn, r)
         check_crc(self._where, what, r.crc32c, data)
@@ -220,13 +254,13 @@ class PartReader:
 
 def read_together(
     readers: Sequence[PartReader], turn: int, ranges: Sequence[ByteRange], what: str
-) -> list[bytes]:
+) -> list[bytes | pa.Buffer]:
     """One part's bytes from each of its files, each checked against its crc32c.
 
     Every reader's turn is taken before any check or error, so threads reading later parts
     of the other files never wait for a turn that would not come.
     """
-    fetched: list[bytes] = []
+    fetched: list[bytes | pa.Buffer] = []
     failure: BaseException | None = None
     for reader, r in zip(readers, ranges, strict=True):
         try:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 
 from de_store.backends import Backend, local, open_backend
@@ -13,6 +15,7 @@ from de_store.backends.local import LocalBackend
 from de_store.errors import BackendError
 from de_store.testing import StorageLocation
 from de_store.testing.backend_suite import BackendTests
+from de_store.testing.page_cache import evict
 
 
 class TestLocalBackend(BackendTests):
@@ -91,3 +94,114 @@ def test_streamed_write_flushed_in_the_background_is_complete(
         f.write(data)
         raise RuntimeError("boom")
     assert backend.list() == ["f.bin"]
+
+
+def _aligned(size: int) -> memoryview:
+    """A writable buffer of ``size`` bytes at an address aligned for ``read_at``."""
+    raw = bytearray(size + local.READ_ALIGNMENT)
+    start = -np.frombuffer(raw, np.uint8).ctypes.data % local.READ_ALIGNMENT
+    return memoryview(raw)[start : start + size]
+
+
+_READS = [(0, 1 << 20), (4096, 8192), (3 << 20, 1 << 20)]  # the last one past the end
+
+
+@pytest.mark.skipif(not local.POSITIONAL_READS, reason="no preadv on this system")
+@pytest.mark.parametrize("cached", [True, False], ids=["in_page_cache", "evicted"])
+def test_read_at_reads_the_files_bytes_from_the_cache_or_the_disk(
+    local_location: StorageLocation, cached: bool
+) -> None:
+    """A range the page cache holds is read from it; one it does not, straight from the
+    disk (O_DIRECT, Linux): the same bytes either way, fewer only at the file's end."""
+    backend = local_location.open()
+    data = np.random.default_rng(7).integers(0, 256, (3 << 20) + 1234, np.uint8).tobytes()
+    backend.write_bytes("f.bin", data)
+    if not cached:
+        evict(backend.local_path("f.bin"))
+    backend.stats.reset()
+    with backend.open_read("f.bin") as f:
+        assert isinstance(f, local.LocalReadFile)
+        for offset, size in _READS:
+            view = _aligned(size)
+            n = f.read_at(view, offset)
+            assert n == min(size, len(data) - offset)
+            assert view[:n] == data[offset : offset + n]
+        reads = (f.cached_reads, f.direct_reads)
+    if cached or not hasattr(os, "O_DIRECT"):
+        assert reads == (3, 0)
+    else:  # the kernel may hold a range's last page again by the time it is read
+        assert sum(reads) == 3 and reads[1] > 0
+    assert backend.stats.bytes_read == (1 << 20) + 8192 + 1234
+
+
+def _refusing_open(real: Any) -> Any:
+    def refusing(path: str, flags: int, *args: Any) -> int:
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return int(real(path, flags, *args))
+
+    return refusing
+
+
+def _refusing_direct_reads(real: Any, direct_fds: set[int]) -> Any:
+    def refusing(fd: int, buffers: Any, offset: int, *args: Any) -> int:
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return int(real(fd, buffers, offset, *args))
+
+    return refusing
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this system")
+@pytest.mark.parametrize("refused_by", ["open", "read"])
+def test_filesystem_refusing_direct_reads_is_read_through_the_page_cache(
+    local_location: StorageLocation, monkeypatch: pytest.MonkeyPatch, refused_by: str
+) -> None:
+    """A filesystem that refuses O_DIRECT, at ``open`` or at each read (``EINVAL``, as
+    some FUSE and network filesystems do), has its ranges read through the page cache."""
+    backend = local_location.open()
+    data = bytes(range(256)) * 8192
+    backend.write_bytes("f.bin", data)
+    evict(backend.local_path("f.bin"))
+    direct_fds: set[int] = set()
+    real_open = os.open
+    if refused_by == "open":
+        monkeypatch.setattr(os, "open", _refusing_open(real_open))
+    else:
+
+        def remembering(path: str, flags: int, *args: Any) -> int:
+            fd = int(real_open(path, flags, *args))
+            if flags & os.O_DIRECT:
+                direct_fds.add(fd)
+            return fd
+
+        monkeypatch.setattr(os, "open", remembering)
+        monkeypatch.setattr(os, "preadv", _refusing_direct_reads(os.preadv, direct_fds))
+    with backend.open_read("f.bin") as f:
+        assert isinstance(f, local.LocalReadFile)
+        for offset in (0, 1 << 20):
+            view = _aligned(1 << 20)
+            assert f.read_at(view, offset) == 1 << 20
+            assert view == data[offset : offset + (1 << 20)]
+        assert (f.cached_reads, f.direct_reads) == (2, 0)
+    assert len(direct_fds) == (1 if refused_by == "read" else 0)
+
+
+@pytest.mark.skipif(not local.POSITIONAL_READS, reason="no preadv on this system")
+def test_read_at_reads_the_open_file_when_its_name_now_leads_to_another(
+    local_location: StorageLocation,
+) -> None:
+    """The O_DIRECT handle is opened by name at the first read: a file put in the open
+    one's place before then is not read, the open one is, through the page cache."""
+    backend = local_location.open()
+    old, new = b"o" * (2 << 20), b"n" * (2 << 20)
+    backend.write_bytes("f.bin", old)
+    backend.write_bytes("g.bin", new)
+    evict(backend.local_path("f.bin"))
+    with backend.open_read("f.bin") as f:
+        os.replace(backend.local_path("g.bin"), backend.local_path("f.bin"))
+        assert isinstance(f, local.LocalReadFile)
+        view = _aligned(1 << 20)
+        assert f.read_at(view, 1 << 20) == 1 << 20
+        assert view == old[: 1 << 20]
+        assert (f.cached_reads, f.direct_reads) == (1, 0)

@@ -8,11 +8,14 @@ import threading
 import google_crc32c
 import numpy as np
 import pytest
-from formats_testdata import make_keys, make_values
+from formats_testdata import concat, make_keys, make_values, same
 
+from de_store.backends import local
 from de_store.errors import ChecksumError, FormatError
 from de_store.formats import SchemaInfo, batch_from_numpy, get_format
+from de_store.formats._shard import POSITIONAL_READ_BYTES
 from de_store.formats._stream import crc32c_combine
+from de_store.testing.page_cache import evict
 
 FORMATS = ["parquet", "arrow", "binary"]
 
@@ -158,3 +161,41 @@ def test_stopping_a_verified_read_early_releases_it(backend, fmt):
     assert first.num_rows == 64
     assert backend.stats.bytes_read < info.bytes / 2
     assert set(threading.enumerate()) == before
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_large_parts_read_straight_from_the_disk_are_exact_and_checked(backend, fmt, monkeypatch):
+    """Parts of ``POSITIONAL_READ_BYTES`` or more of a local file are read by position,
+    straight from the disk once the file left the page cache (``backends.local``): the
+    rows come back exact, and a flipped bit in one is caught as in any other read."""
+    if not local.POSITIONAL_READS:
+        pytest.skip("no preadv on this system")
+    rows, part_rows = 150_000, 50_000  # parts of 1.6 MB of values (binary: keys apart)
+    keys, values = make_keys(rows, "int64"), make_values(rows, 8, "float32")
+    f = get_format(fmt)
+    info = f.write(
+        backend,
+        "v/s" + f.suffix,
+        [batch_from_numpy(keys, values)],
+        schema_info=SchemaInfo("v", 8),
+        buffer_size=part_rows,
+    )
+    assert min(p.ranges[-1].length for p in info.parts) >= POSITIONAL_READ_BYTES
+    positional = []
+    read_at = local.LocalReadFile.read_at
+
+    def counted(self, view, offset):
+        positional.append(offset)
+        return read_at(self, view, offset)
+
+    monkeypatch.setattr(local.LocalReadFile, "read_at", counted)
+    for file in info.files:
+        evict(backend.local_path(file.path))
+    found_keys, found_values, _ = concat(list(f.read(backend, info.path, expected=info)))
+    assert same(found_keys, keys) and same(found_values, values)
+    assert len(positional) == len(info.parts)  # binary's 400 kB key parts: streamed
+    r = info.parts[1].ranges[-1]
+    flip_byte(backend, info.files[-1].path, r.offset + r.length // 2)
+    evict(backend.local_path(info.files[-1].path))
+    with pytest.raises(ChecksumError, match=r"crc32c mismatch in part 1 of .*v/s"):
+        list(f.read(backend, info.path, expected=info))
