@@ -20,3 +20,32 @@ def evict(root: str | os.PathLike[str]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def reads_from_disk(path: str | os.PathLike[str]) -> bool:
+    """Whether the file ``path`` can leave the page cache and be read with ``O_DIRECT``:
+    False on tmpfs and ramfs (whose pages are the files), where ``open`` refuses
+    ``O_DIRECT``, and off Linux."""
+    path = os.path.realpath(path)
+    if not hasattr(os, "O_DIRECT") or _filesystem(path) in ("tmpfs", "ramfs"):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def _filesystem(path: str) -> str:
+    """The type of the filesystem mounted deepest above ``path`` (``/proc/self/mounts``)."""
+    found, kind = "", ""
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _, point, fstype, *_ = line.split()
+            point = point.replace("\\040", " ")
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(
+                found
+            ):
+                found, kind = point, fstype
+    return kind
