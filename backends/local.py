@@ -143,8 +143,9 @@ class LocalReadFile(CountingFile):
     first reads it into pages it takes for the cache, then copies it into the reader's
     buffer: CPU time that, on a machine of few cores, the restore's index build waits for,
     and on a virtual machine whose host takes free memory back, pages the host must hand
-    out again first (``docs/benchmarks.md``, *Restore*). With ``O_DIRECT`` the disk moves
-    the bytes straight into the buffer, whose memory is reused from one part to the next.
+    out again first (``docs/benchmarks.md``, *Restore against reading and indexing*). With
+    ``O_DIRECT`` the disk moves the bytes straight into the buffer, whose memory is reused
+    from one part to the next.
 
     A range still in the page cache (a checkpoint written or read a moment ago) is read
     from it: its last page is asked for with ``RWF_NOWAIT``, which copies what the cache

@@ -13,7 +13,14 @@ import pyarrow as pa
 from de_store.backends.location import Location
 from de_store.errors import DeStoreError, FormatError
 
-from ._stream import check_crc, check_frame, check_size, crc32c_combine, read_exact
+from ._stream import (
+    check_crc,
+    check_frame,
+    check_read,
+    check_size,
+    crc32c_combine,
+    read_exact,
+)
 from .base import (
     ByteRange,
     FileInfo,
@@ -239,10 +246,7 @@ class PartReader:
         buffer = pa.allocate_buffer(end - start + align)
         pad = -buffer.address % align
         found = read_at(memoryview(buffer)[pad : pad + end - start], start) - (r.offset - start)
-        if found < r.length:
-            raise FormatError(
-                f"{self._where} is truncated: expected {r.length} more bytes, found {max(found, 0)}"
-            )
+        check_read(self._where, r.length, min(max(found, 0), r.length))
         return buffer.slice(pad + r.offset - start, r.length)
 
     def read(self, turn: int, r: ByteRange, what: str) -> bytes | pa.Buffer:

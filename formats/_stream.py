@@ -147,9 +147,15 @@ class ChecksummingWriter(io.RawIOBase):
 def read_exact(f: BinaryIO, size: int, where: str) -> bytes:
     """Exactly ``size`` bytes from ``f``; FormatError naming ``where`` if the file ends early."""
     data = f.read(size)
-    if len(data) != size:
-        raise FormatError(f"{where} is truncated: expected {size} more bytes, found {len(data)}")
+    check_read(where, size, len(data))
     return data
+
+
+def check_read(where: str, expected: int, found: int) -> None:
+    """FormatError naming ``where`` when a read that asked for ``expected`` bytes got
+    ``found``: the file ended early."""
+    if found != expected:
+        raise FormatError(f"{where} is truncated: expected {expected} more bytes, found {found}")
 
 
 def check_crc(where: str, what: str, expected: int, data: Any) -> None:

@@ -44,8 +44,7 @@ def _filesystem(path: str) -> str:
         for line in mounts:
             _, point, fstype, *_ = line.split()
             point = point.replace("\\040", " ")
-            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(
-                found
-            ):
+            inside = path == point or path.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(found):
                 found, kind = point, fstype
     return kind
