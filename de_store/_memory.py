@@ -9,7 +9,9 @@ in the arenas of the threads that read them. Where TensorFlow allocates with mal
 replaced. A save begins by handing back what ran before it freed (a fill's or a training
 loop's temporaries), so that its peak holds the table and not the process's past.
 ``malloc_trim`` hands the whole free pages back (a few milliseconds); elsewhere than glibc
-nothing is done.
+nothing is done. A restore reads its local parts into buffers of Arrow's memory pool
+(mimalloc or jemalloc), which keeps what they freed as well: ``release_unused`` hands it
+back (287 MiB after a fresh restore of 10M x 16 keys here).
 
 Where TensorFlow allocates with oneDNN's BFC allocator (its default CPU allocator on x86
 Linux), the stores a growth replaced go back to BFC's pool instead, which keeps them for
@@ -55,10 +57,15 @@ def _malloc_trim() -> Any:
 
 
 def release_freed_memory() -> None:
-    """Hand the whole free pages malloc holds back to the system (glibc's ``malloc_trim``)."""
+    """Hand the whole free pages malloc holds back to the system (glibc's ``malloc_trim``),
+    and those Arrow's memory pool holds free (``release_unused``), where pyarrow is
+    imported: a restore reads its local parts into buffers of that pool."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None:
+        arrow.default_memory_pool().release_unused()
 
 
 @functools.cache
