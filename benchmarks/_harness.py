@@ -94,12 +94,19 @@ def sample_rows(keys: int, dim: int, count: int = 1000) -> tuple[np.ndarray, np.
     return np.concatenate([k for k, _ in picked]), np.concatenate([v for _, v in picked])
 
 
-def raw_write(path: str, keys: int, dim: int) -> float:
+def raw_write(path: str, keys: int, dim: int, ahead: bool = False) -> float:
     """Seconds to write the rows to ``path.keys`` and ``path.values`` with ``tofile`` and
-    fsync them (making the rows is not timed)."""
+    fsync them (making the rows is not timed).
+
+    ``ahead``: every batch is made before the first write. Otherwise each batch is made
+    right before its write, and the batch before it freed: its pages, just touched, go
+    back to the kernel, and the page cache takes them for the next write. On this
+    project's virtual machines such pages cost far less to write than memory the host has
+    taken back, which a save in settled memory (:func:`settle_memory`) writes into."""
     seconds = 0.0
+    made = list(rows(keys, dim)) if ahead else rows(keys, dim)
     with open(path + ".keys", "wb") as fk, open(path + ".values", "wb") as fv:
-        for batch_keys, batch_values in rows(keys, dim):
+        for batch_keys, batch_values in made:
             start = time.perf_counter()
             batch_keys.tofile(fk)
             batch_values.tofile(fv)
@@ -167,6 +174,92 @@ def memory_first_touch(tf: Any, nbytes: int) -> float:
     seconds = time.perf_counter() - start
     del filled
     return seconds
+
+
+#: Seconds :func:`settle_memory` waits: the guest kernel reports the memory freed before
+#: it to the host 2 s after the free (``page_reporting``'s delay), then the host takes it.
+SETTLE_WAIT_S = 4.0
+#: Pages one ``process_vm_readv`` call of :func:`touch_mapped_pages` reads a byte of.
+_TOUCH_BATCH = 1024
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: Mappings whose pages are not memory of the process's own.
+_NOT_MEMORY = ("[vvar]", "[vvar_vclock]", "[vsyscall]")
+
+
+def settle_memory(wait_s: float = SETTLE_WAIT_S) -> dict[str, float]:
+    """Bring the process's memory to one state before a timed step: wait until the host
+    has taken back what was freed before (:data:`SETTLE_WAIT_S`), then touch every page
+    the process has mapped (:func:`touch_mapped_pages`).
+
+    On this project's virtual machines, when the guest reports freed memory to the host
+    (free page reporting), the next access to each page the process still holds costs
+    far more than usual, once: a read of one value per page of a resident 1 GiB buffer
+    took 32-260 ms in the seconds after files of gigabytes were deleted, 4-11 ms
+    otherwise. A step timed right after such a free pays it on every page it touches
+    (the block of an async save, 112-151 ms against 2.5-4 ms, for the same Python calls;
+    docs/benchmarks.md, *Memory state*);
+    a step timed after this call does not, as a step of a loop that ran since does not.
+    Returns the pages touched and ``touch_ns_per_page``, which shows how far the memory
+    was from that state: about 550 ns a page in a process whose pages were all touched
+    lately, 590-1,700 ns in the cost curve's settlings on 2026-12-02."""
+    time.sleep(wait_s)
+    start = time.perf_counter()
+    pages = touch_mapped_pages()
+    seconds = time.perf_counter() - start
+    return {"pages": pages, "touch_ns_per_page": seconds / max(pages, 1) * 1e9}
+
+
+def touch_mapped_pages() -> int:
+    """Read one byte of every page mapped into this process (present in its page table,
+    ``/proc/self/pagemap``; readable, not the kernel's own), through ``process_vm_readv``
+    on itself, which fails on a page unmapped meanwhile instead of faulting; return how
+    many were read (0 where Linux's calls are not available). Only present pages are
+    read: the process's RSS does not change."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not sys.platform.startswith("linux") or not hasattr(libc, "process_vm_readv"):
+        return 0
+
+    class IoVec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+    read = libc.process_vm_readv
+    read.restype = ctypes.c_ssize_t
+    vector = ctypes.POINTER(IoVec)
+    read.argtypes = [ctypes.c_int, vector, ctypes.c_ulong, vector, ctypes.c_ulong, ctypes.c_ulong]
+    sink = (ctypes.c_uint8 * _TOUCH_BATCH)()
+    local = (IoVec * _TOUCH_BATCH)(
+        *[IoVec(ctypes.addressof(sink) + i, 1) for i in range(_TOUCH_BATCH)]
+    )
+    remote = (IoVec * _TOUCH_BATCH)()
+    fields = np.frombuffer(remote, dtype=np.uint64).reshape(_TOUCH_BATCH, 2)
+    fields[:, 1] = 1
+    pid, touched = os.getpid(), 0
+    for start in _present_pages():
+        for at in range(0, start.size, _TOUCH_BATCH):
+            batch = start[at : at + _TOUCH_BATCH]
+            fields[: batch.size, 0] = batch
+            touched += max(0, read(pid, local, batch.size, remote, batch.size, 0))
+    return touched
+
+
+def _present_pages() -> Iterator[np.ndarray]:
+    """The addresses of the present pages of each readable mapping of this process."""
+    with open("/proc/self/maps") as maps:
+        ranges = [line.split() for line in maps]
+    with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+        for fields in ranges:
+            if "r" not in fields[1] or (len(fields) > 5 and fields[5] in _NOT_MEMORY):
+                continue
+            low, high = (int(bound, 16) for bound in fields[0].split("-"))
+            for first in range(low, high, _TOUCH_BATCH * 1024 * _PAGE):
+                count = (min(high, first + _TOUCH_BATCH * 1024 * _PAGE) - first) // _PAGE
+                pagemap.seek(first // _PAGE * 8)
+                entries = np.frombuffer(pagemap.read(count * 8), dtype=np.uint64)
+                present = np.flatnonzero(entries >> np.uint64(63))
+                if present.size:
+                    yield first + present.astype(np.uint64) * np.uint64(_PAGE)
 
 
 def dense_hash_table(tf: Any, keys: int, dim: int) -> Any:

@@ -12,6 +12,11 @@ share no memory):
   write + fsync of the same bytes whose files were deleted before the save
   (``raw_write_fsync_s``, the best of those made before either kind of save: each finds
   free the page cache the other just used, as ``checkpoint_bench.py`` measures them);
+  the raw write (its rows all made before its first write: ``harness.raw_write``'s
+  ``ahead``) and the save each start from settled memory
+  (``harness.settle_memory``: the host has taken back what the deletions before freed,
+  and every page the process holds was touched since; ``settle_touch_ns_per_page`` says
+  how far from that state each settling found it; ``--no-settle`` leaves it out);
 * ``async_block_s`` / ``async_total_s``: ``Checkpoint.write`` with
   ``CheckpointOptions(enable_async=True)`` until it returns / until ``Checkpoint.sync()``
   returns, the best of ``--rounds``, each right after a raw write + fsync of the same
@@ -22,12 +27,9 @@ share no memory):
   memory the page cache is handed, which changes over the rounds (``sync_save_rounds_s``,
   ``async_total_rounds_s``, ``async_block_rounds_s``);
 * ``async_block_again_s``: the block of one more async save in each round, made as soon as
-  ``sync()`` returned for the one before, with nothing written or deleted between them, as
-  a training loop saves every so many steps (the best of ``--rounds``;
-  ``async_block_again_rounds_s``). A save made right after the raw write can find this
-  virtual machine's host still taking back the memory the deleted raw file freed: that
-  work runs on the save's thread and counts as its CPU time (``async_block_s`` of 0.07-0.19
-  s at 10M in some rounds, 2-8 ms in others);
+  ``sync()`` returned for the one before, with nothing written or deleted between them and
+  no settling, as a training loop saves every so many steps (the best of ``--rounds``;
+  ``async_block_again_rounds_s``);
 * ``peak_rss_save_bytes``: the process's peak RSS over one more synchronous save after the
   timed ones, not timed, the checkpoint the restores read (the kernel's high-water mark,
   reset right before it: ``checkpoint_bench.PeakRss``),
@@ -271,9 +273,17 @@ def timed_saves(tf: Any, checkpoint: Any, args: argparse.Namespace) -> dict[str,
     totals: list[float] = []
     saved_bytes = 0
 
+    settled: list[float] = []
+
+    def settle() -> None:
+        if not args.no_settle:
+            settled.append(harness.settle_memory()["touch_ns_per_page"])
+
     def after_raw_write() -> None:
-        raw_writes.append(harness.raw_write(raw, args.keys, args.dim))
+        settle()
+        raw_writes.append(harness.raw_write(raw, args.keys, args.dim, ahead=not args.no_settle))
         harness.remove_raw(raw)
+        settle()
 
     def sync_save() -> None:
         nonlocal saved_bytes
@@ -317,6 +327,7 @@ def timed_saves(tf: Any, checkpoint: Any, args: argparse.Namespace) -> dict[str,
         "async_total_rounds_s": totals,
         "async_block_rounds_s": blocked,
         "async_block_again_rounds_s": again,
+        "settle_touch_ns_per_page": settled,
     }
 
 
@@ -395,7 +406,7 @@ PHASES = {
 # --- driver ---------------------------------------------------------------------------------
 def run(args: argparse.Namespace, phase: str, keys: int, dim: int, *extra: str) -> dict:
     options = ["--keys", str(keys), "--dim", str(dim), "--work", args.work]
-    options += ["--rounds", str(args.rounds), *extra]
+    options += ["--rounds", str(args.rounds), *(["--no-settle"] if args.no_settle else []), *extra]
     env = {"DE_STORE_CACHE_DIR": os.path.join(args.run_dir, "cache")}
     if args.allocator == "system":
         env[SYSTEM_ALLOCATOR] = "1"
@@ -653,6 +664,11 @@ def parse_args() -> argparse.Namespace:
         default="default",
         help=f"system: every process runs with {SYSTEM_ALLOCATOR}=1",
     )
+    parser.add_argument(
+        "--no-settle",
+        action="store_true",
+        help="time each save and raw write without settling the memory before it",
+    )
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--keys", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dim", type=int, help=argparse.SUPPRESS)
@@ -668,7 +684,11 @@ def main() -> None:
         PHASES[args.phase](args)
         return
     points = parse_points(args.points)
-    result: dict[str, Any] = {"points_asked": args.points, "allocator": args.allocator}
+    result: dict[str, Any] = {
+        "points_asked": args.points,
+        "allocator": args.allocator,
+        "settled": not args.no_settle,
+    }
     result["machine_before"] = machine_state()
     if args.dir:
         os.makedirs(args.dir, exist_ok=True)
