@@ -94,19 +94,17 @@ def sample_rows(keys: int, dim: int, count: int = 1000) -> tuple[np.ndarray, np.
     return np.concatenate([k for k, _ in picked]), np.concatenate([v for _, v in picked])
 
 
-def raw_write(path: str, keys: int, dim: int, ahead: bool = False) -> float:
+def raw_write(path: str, keys: int, dim: int) -> float:
     """Seconds to write the rows to ``path.keys`` and ``path.values`` with ``tofile`` and
     fsync them (making the rows is not timed).
 
-    ``ahead``: every batch is made before the first write. Otherwise each batch is made
-    right before its write, and the batch before it freed: its pages, just touched, go
-    back to the kernel, and the page cache takes them for the next write. On this
-    project's virtual machines such pages cost far less to write than memory the host has
-    taken back, which a save in settled memory (:func:`settle_memory`) writes into."""
+    Each batch is made right before its write and the one before it freed: on this
+    project's virtual machines the page cache takes those pages, just touched, for the
+    next write, where a save in settled memory (:func:`settle_memory`) writes into memory
+    the host has taken back (docs/benchmarks.md, *The cost curve*)."""
     seconds = 0.0
-    made = list(rows(keys, dim)) if ahead else rows(keys, dim)
     with open(path + ".keys", "wb") as fk, open(path + ".values", "wb") as fv:
-        for batch_keys, batch_values in made:
+        for batch_keys, batch_values in rows(keys, dim):
             start = time.perf_counter()
             batch_keys.tofile(fk)
             batch_values.tofile(fv)

@@ -12,8 +12,7 @@ share no memory):
   write + fsync of the same bytes whose files were deleted before the save
   (``raw_write_fsync_s``, the best of those made before either kind of save: each finds
   free the page cache the other just used, as ``checkpoint_bench.py`` measures them);
-  the raw write (its rows all made before its first write: ``harness.raw_write``'s
-  ``ahead``) and the save each start from settled memory
+  the raw write and the save each start from settled memory
   (``harness.settle_memory``: the host has taken back what the deletions before freed,
   and every page the process holds was touched since; ``settle_touch_ns_per_page`` says
   how far from that state each settling found it; ``--no-settle`` leaves it out);
@@ -281,7 +280,7 @@ def timed_saves(tf: Any, checkpoint: Any, args: argparse.Namespace) -> dict[str,
 
     def after_raw_write() -> None:
         settle()
-        raw_writes.append(harness.raw_write(raw, args.keys, args.dim, ahead=not args.no_settle))
+        raw_writes.append(harness.raw_write(raw, args.keys, args.dim))
         harness.remove_raw(raw)
         settle()
 
