@@ -11,7 +11,7 @@ loop's temporaries), so that its peak holds the table and not the process's past
 ``malloc_trim`` hands the whole free pages back (a few milliseconds); elsewhere than glibc
 nothing is done. A restore reads its local parts into buffers of Arrow's memory pool
 (mimalloc or jemalloc), which keeps what they freed as well: ``release_unused`` hands it
-back (287 MiB after a fresh restore of 10M x 16 keys here).
+back after the read (287 MiB after a fresh restore of 10M x 16 keys here).
 
 Where TensorFlow allocates with oneDNN's BFC allocator (its default CPU allocator on x86
 Linux), the stores a growth replaced go back to BFC's pool instead, which keeps them for
@@ -56,14 +56,16 @@ def _malloc_trim() -> Any:
     return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
-def release_freed_memory() -> None:
-    """Hand the whole free pages malloc holds back to the system (glibc's ``malloc_trim``),
-    and those Arrow's memory pool holds free (``release_unused``), where pyarrow is
-    imported: a restore reads its local parts into buffers of that pool."""
+def release_freed_memory(read_buffers: bool = False) -> None:
+    """Hand the whole free pages malloc holds back to the system (glibc's ``malloc_trim``);
+    with ``read_buffers`` (after a restore or a follower's apply), also those Arrow's
+    memory pool holds free (``release_unused``), where pyarrow is imported: local parts
+    are read into buffers of that pool. A save leaves the pool as it is: its compressed
+    frames come from it, and the memory of one save's frames serves the next one's."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
-    arrow = sys.modules.get("pyarrow")
+    arrow = sys.modules.get("pyarrow") if read_buffers else None
     if arrow is not None:
         arrow.default_memory_pool().release_unused()
 

@@ -216,7 +216,7 @@ class Follower:
             applied = self._apply(newest)
             if applied is not None and not self._prepared:
                 self._prepare_writes()
-            release_freed_memory()  # what was read for it is freed by now
+            release_freed_memory(read_buffers=True)  # what was read for it is freed by now
             return applied
 
     def _newest(self) -> _watch.Committed | None:

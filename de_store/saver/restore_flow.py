@@ -72,6 +72,6 @@ def restore_checkpoint(
     load_rows(plan, read)
     rows = sum(variable.rows for variable in read)
     del read
-    release_freed_memory()  # the buffers the rows were read into
+    release_freed_memory(read_buffers=True)  # the buffers the rows were read into
     events.restored(plan.where.url, topology, rows, plan.links, plan.bytes, start)
     return plan.manifest
