@@ -180,6 +180,8 @@ SETTLE_WAIT_S = 4.0
 #: Pages one ``process_vm_readv`` call of :func:`touch_mapped_pages` reads a byte of.
 _TOUCH_BATCH = 1024
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: Bytes of address space one read of ``/proc/self/pagemap`` covers (8 MiB of entries).
+_PAGEMAP_SPAN = _TOUCH_BATCH * 1024 * _PAGE
 #: Mappings whose pages are not memory of the process's own.
 _NOT_MEMORY = ("[vvar]", "[vvar_vclock]", "[vsyscall]")
 
@@ -251,8 +253,8 @@ def _present_pages() -> Iterator[np.ndarray]:
             if "r" not in fields[1] or (len(fields) > 5 and fields[5] in _NOT_MEMORY):
                 continue
             low, high = (int(bound, 16) for bound in fields[0].split("-"))
-            for first in range(low, high, _TOUCH_BATCH * 1024 * _PAGE):
-                count = (min(high, first + _TOUCH_BATCH * 1024 * _PAGE) - first) // _PAGE
+            for first in range(low, high, _PAGEMAP_SPAN):
+                count = (min(high, first + _PAGEMAP_SPAN) - first) // _PAGE
                 pagemap.seek(first // _PAGE * 8)
                 entries = np.frombuffer(pagemap.read(count * 8), dtype=np.uint64)
                 present = np.flatnonzero(entries >> np.uint64(63))
