@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -65,8 +66,11 @@ def test_permission_denied_is_a_backend_error_naming_the_path() -> None:
 def test_streamed_write_flushed_in_the_background_is_complete(
     local_location: StorageLocation, monkeypatch: pytest.MonkeyPatch, writeback: str
 ) -> None:
-    """Written out while it is written, by ``sync_file_range`` (Linux) or by
-    ``fdatasync`` in a helper thread (elsewhere), every 4 KiB here: the file is whole."""
+    """Written through the page cache (where the filesystem refuses ``O_DIRECT``, or
+    ``direct_writes`` is off) and out while it is written, by ``sync_file_range``
+    (Linux) or by ``fdatasync`` in a helper thread (elsewhere), every 4 KiB here: the
+    file is whole."""
+    monkeypatch.setattr(LocalBackend, "direct_writes", False)
     started: list[tuple[int, int]] = []
     if writeback == "fdatasync":
         monkeypatch.setattr(local, "_WRITEBACK", None)
@@ -116,7 +120,9 @@ def test_read_at_reads_the_files_bytes_from_the_cache_or_the_disk(
     backend = local_location.open()
     data = np.random.default_rng(7).integers(0, 256, (3 << 20) + 1234, np.uint8).tobytes()
     backend.write_bytes("f.bin", data)
-    if not cached:
+    if cached:  # written straight to the disk; read once into the page cache
+        assert backend.read_bytes("f.bin") == data
+    else:
         evict(backend.local_path("f.bin"))
     backend.stats.reset()
     with backend.open_read("f.bin") as f:
@@ -207,3 +213,133 @@ def test_read_at_reads_the_open_file_when_its_name_now_leads_to_another(
         assert f.read_at(view, 1 << 20) == 1 << 20
         assert view == old[: 1 << 20]
         assert (f.cached_reads, f.direct_reads) == (1, 0)
+
+
+def _cached_pages(path: str) -> int:
+    """How many of the file's pages the page cache holds (each asked for with
+    ``RWF_NOWAIT`` through a handle whose read-ahead is off: a miss reads nothing)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        probe, cached = bytearray(1), 0
+        for offset in range(0, os.fstat(fd).st_size, 4096):
+            with contextlib.suppress(BlockingIOError):  # not cached
+                cached += os.preadv(fd, [probe], offset, os.RWF_NOWAIT) > 0
+        return cached
+    finally:
+        os.close(fd)
+
+
+def _small_direct_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two direct-write buffers of 8 KiB: a file of a few KiB fills, hands out and
+    reuses them."""
+    monkeypatch.setattr(LocalBackend, "direct_buffer_size", 8192)
+    monkeypatch.setattr(LocalBackend, "direct_buffers", 2)
+
+
+def _write_in_pieces(backend: Backend, path: str, data: bytes, piece: int = 3000) -> None:
+    with backend.open_write(path) as f:
+        for start in range(0, len(data), piece):
+            f.write(memoryview(data)[start : start + piece])
+
+
+needs_direct_io = pytest.mark.skipif(
+    not hasattr(os, "O_DIRECT") or not hasattr(os, "RWF_NOWAIT"), reason="Linux only"
+)
+
+
+@needs_direct_io
+@pytest.mark.parametrize("size", [0, 100, 8192, 3 * 8192, 5 * 8192 + 1234])
+def test_streamed_write_goes_straight_to_the_disk(
+    local_location: StorageLocation, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """Written with O_DIRECT through the file's own buffers, in pieces that straddle
+    them: the file holds exactly the bytes written (the last buffer's padding cut off),
+    and none of its pages went into the page cache (where the filesystem keeps one apart
+    from its files)."""
+    _small_direct_buffers(monkeypatch)
+    backend = local_location.open()
+    data = np.random.default_rng(size).integers(0, 256, size, np.uint8).tobytes()
+    _write_in_pieces(backend, "f.bin", data)
+    path = backend.local_path("f.bin")
+    assert path is not None and os.path.getsize(path) == size
+    if reads_from_disk(path):
+        assert _cached_pages(path) == 0
+    assert backend.read_bytes("f.bin") == data
+    assert backend.stats.bytes_written == size
+    assert backend.list() == ["f.bin"]
+
+
+def _flags(fd: int) -> int:
+    import fcntl
+
+    return int(fcntl.fcntl(fd, fcntl.F_GETFL))
+
+
+@needs_direct_io
+@pytest.mark.parametrize("refused_by", ["open", "write"])
+def test_filesystem_refusing_direct_writes_is_written_through_the_page_cache(
+    local_location: StorageLocation, monkeypatch: pytest.MonkeyPatch, refused_by: str
+) -> None:
+    """A filesystem that refuses O_DIRECT when it is turned on, or at a write (``EINVAL``,
+    as some FUSE and network filesystems do), has the file written through the page
+    cache: that write again and every one after it, the file whole."""
+    import fcntl
+
+    _small_direct_buffers(monkeypatch)
+    real_fcntl, real_pwrite = fcntl.fcntl, os.pwrite
+    writes: list[bool] = []  # whether each write was asked of a direct descriptor
+    if refused_by == "open":
+
+        def refusing_fcntl(fd: int, cmd: int, arg: int = 0) -> int:
+            if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return int(real_fcntl(fd, cmd, arg))
+
+        monkeypatch.setattr(fcntl, "fcntl", refusing_fcntl)
+    else:
+
+        def refusing_pwrite(fd: int, data: Any, offset: int) -> int:
+            writes.append(bool(_flags(fd) & os.O_DIRECT))
+            if writes[-1]:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return int(real_pwrite(fd, data, offset))
+
+        monkeypatch.setattr(os, "pwrite", refusing_pwrite)
+    backend = local_location.open()
+    data = bytes(range(256)) * 200
+    _write_in_pieces(backend, "f.bin", data)
+    assert backend.read_bytes("f.bin") == data
+    if refused_by == "write":  # the first write refused, then the page cache: 7 buffers
+        assert writes == [True] + [False] * 7
+    path = backend.local_path("f.bin")
+    assert path is not None
+    if reads_from_disk(path):
+        assert _cached_pages(path) > 0
+
+
+@needs_direct_io
+@pytest.mark.parametrize("size", [4000, 5 * 8192], ids=["one_buffer", "several_buffers"])
+def test_failed_direct_write_leaves_nothing(
+    local_location: StorageLocation, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """A disk error in a direct write (here the disk full at the file's second buffer, or
+    its only one) fails ``open_write`` with an error naming the file, from the write that
+    follows or from the final sync, and leaves no file, final or temporary."""
+    _small_direct_buffers(monkeypatch)
+    backend = local_location.open()
+    backend.write_bytes("kept.bin", b"k")
+    real_pwrite = os.pwrite
+    calls: list[int] = []
+
+    def filling_pwrite(fd: int, data: Any, offset: int) -> int:
+        calls.append(offset)
+        if len(calls) == (1 if size < 8192 else 2):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return int(real_pwrite(fd, data, offset))
+
+    monkeypatch.setattr(os, "pwrite", filling_pwrite)
+    with pytest.raises(BackendError, match=r"cannot write .*f\.bin: OSError: .*No space left"):
+        _write_in_pieces(backend, "f.bin", bytes(size))
+    root = backend.local_path("")
+    assert root is not None and os.listdir(root) == ["kept.bin"]
