@@ -475,8 +475,8 @@ class LocalBackend(FsspecBackend):
     direct_writes: bool = True
     #: Bytes of each buffer a direct write fills (a multiple of :data:`WRITE_ALIGNMENT`),
     #: and how many a file has: the disk writes one while the writer fills the next.
-    direct_buffer_size: int = 8 << 20
-    direct_buffers: int = 3
+    direct_buffer_size: int = 4 << 20
+    direct_buffers: int = 4
 
     def local_path(self, path: str) -> str | None:
         return self._full(path)

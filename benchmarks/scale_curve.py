@@ -12,7 +12,11 @@ share no memory):
   write + fsync of the same bytes whose files were deleted before the save
   (``raw_write_fsync_s``, the best of those made before either kind of save: each finds
   free the page cache the other just used, as ``checkpoint_bench.py`` measures them);
-  the raw write and the save each start from settled memory
+  after it, in the same round, the plainest direct write of the same bytes
+  (``raw_direct_write_s``, ``harness.raw_direct_write``: each batch copied into one
+  page-aligned buffer and written with ``O_DIRECT``, as a save to a local folder writes
+  its files, with no page cache taking pages for them); the raw writes and the save each
+  start from settled memory
   (``harness.settle_memory``: the host has taken back what the deletions before freed,
   and every page the process holds was touched since; ``settle_touch_ns_per_page`` says
   how far from that state each settling found it; ``--no-settle`` leaves it out);
@@ -146,7 +150,14 @@ RESTORE_BOUND_KEYS = 10_000_000
 #: Seconds per GiB of first touch above which memory counts as untouched since boot.
 FIRST_TOUCH_S_PER_GIB = 1.5
 STEPS = ("fill", "sync_save", "async_block", "async_block_again", "async_total", "restore")
-REFERENCES = ("raw_write_fsync", "raw_read", "dense_fill", "dense_load", "plain_restore")
+REFERENCES = (
+    "raw_write_fsync",
+    "raw_direct_write",
+    "raw_read",
+    "dense_fill",
+    "dense_load",
+    "plain_restore",
+)
 UNITS = {"K": 10**3, "M": 10**6, "G": 10**9}
 #: TensorFlow's switch from oneDNN's CPU allocator (a BFC allocator, which keeps the
 #: buffers freed in it) to malloc and free (``--allocator system``).
@@ -266,6 +277,7 @@ def timed_saves(tf: Any, checkpoint: Any, args: argparse.Namespace) -> dict[str,
     options = tf.train.CheckpointOptions(enable_async=True)
     raw = os.path.join(args.work, "raw")
     raw_writes: list[float] = []
+    direct_writes: list[float] = []
     saves: list[float] = []
     blocked: list[float] = []
     again: list[float] = []
@@ -281,6 +293,9 @@ def timed_saves(tf: Any, checkpoint: Any, args: argparse.Namespace) -> dict[str,
     def after_raw_write() -> None:
         settle()
         raw_writes.append(harness.raw_write(raw, args.keys, args.dim))
+        harness.remove_raw(raw)
+        settle()
+        direct_writes.append(harness.raw_direct_write(raw, args.keys, args.dim))
         harness.remove_raw(raw)
         settle()
 
@@ -314,6 +329,9 @@ def timed_saves(tf: Any, checkpoint: Any, args: argparse.Namespace) -> dict[str,
             save()
     return {
         "raw_write_fsync_s": min(raw_writes),
+        "raw_direct_write_s": min(direct_writes),
+        "raw_write_rounds_s": raw_writes,
+        "raw_direct_write_rounds_s": direct_writes,
         "sync_save_s": min(saves),
         "saved_bytes": saved_bytes,
         "raw_bytes": args.keys * (8 + 4 * args.dim),
@@ -459,6 +477,8 @@ def derived(point: dict[str, Any]) -> dict[str, Any]:
         "per_key": per_key,
         "sync_save_over_raw_write": point["sync_save_s"] / point["raw_write_fsync_s"],
         "async_total_over_raw_write": point["async_total_s"] / point["raw_write_fsync_s"],
+        "sync_save_over_raw_direct_write": point["sync_save_s"] / point["raw_direct_write_s"],
+        "async_total_over_raw_direct_write": point["async_total_s"] / point["raw_direct_write_s"],
         "async_block_over_sync_save": point["async_block_s"] / point["sync_save_s"],
         "fill_over_dense_fill": point["fill_s"] / point["dense_fill_s"],
         "restore_over_raw_read": point["restore_s"] / point["raw_read_s"],
