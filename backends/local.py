@@ -353,6 +353,7 @@ class _DirectFile(io.RawIOBase):
         while done < len(source):
             if self._current is None:
                 self._current = self._free.get()  # waits for the disk to take one
+                self._raise_error()
             n = min(self._buffer_size - self._filled, len(source) - done)
             self._current[self._filled : self._filled + n] = source[done : done + n]
             self._filled += n
