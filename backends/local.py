@@ -445,10 +445,14 @@ def _set_direct(fd: int, *, on: bool) -> bool:
 
 
 def _pwrite_all(fd: int, view: Any, offset: int) -> None:
-    """Write all of ``view`` at ``offset``."""
+    """Write all of ``view`` at ``offset`` (a write that takes nothing is an error, not a
+    loop without end)."""
     done = 0
     while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
+        n = os.pwrite(fd, view[done:], offset + done)
+        if not n:
+            raise OSError(errno.EIO, f"the disk took none of {len(view) - done} bytes")
+        done += n
 
 
 def _temp_name(final: str) -> str:
