@@ -326,8 +326,9 @@ class _DirectFile(io.RawIOBase):
         super().__init__()
         if buffer_size <= 0 or buffer_size % WRITE_ALIGNMENT or buffers < 1:
             raise ValueError(
-                f"direct writes need at least one buffer of a positive multiple of "
-                f"{WRITE_ALIGNMENT} bytes, got {buffers} of {buffer_size}"
+                f"LocalBackend.direct_buffers must be at least 1 and direct_buffer_size a "
+                f"positive multiple of {WRITE_ALIGNMENT} bytes, got {buffers} buffers of "
+                f"{buffer_size} bytes"
             )
         self._fd = fd
         self._buffer_size = buffer_size

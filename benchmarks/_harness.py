@@ -136,7 +136,10 @@ def raw_direct_write(path: str, keys: int, dim: int) -> float:
             for i, array in enumerate(batch):
                 data = array.reshape(-1).view(np.uint8)
                 if sizes[i] % _PAGE:
-                    raise ValueError(f"{path}: a batch after one of {sizes[i]} bytes")
+                    raise ValueError(
+                        f"{path}: only the last batch may end off a {_PAGE}-byte page, "
+                        f"but another batch followed {sizes[i]} bytes"
+                    )
                 end = -(-len(data) // _PAGE) * _PAGE
                 buffer[: len(data)] = data
                 buffer[len(data) : end] = 0
