@@ -37,6 +37,16 @@ in one thread at levels 1, -1 and -5 (seconds, the best of three, and compressed
 bytes): what zstd saves on float rows comes from its entropy coding of the literals, which
 its negative (fast) levels leave out, so no level below 1 is both faster and smaller.
 
+Those floors are sums; the plainest pair of writes measures one. ``plain_write_s``: the
+rows' key and value bytes copied, 4 MiB at a time, into one page-aligned buffer and
+written straight to the disk (``O_DIRECT``, one file, fsync at the end);
+``plain_zstd_write_s``: the same bytes compressed (zstd level 1) in pieces of 2 MiB on
+``cores`` threads, all pieces handed to the threads at once, each written in its turn
+the same way. Both the best of ``--repeat`` rounds, taken in turn after the saves;
+``zstd_plain_write_speed`` is the first over the second (``_paired``: the median of the
+rounds' ratios): what this machine allows a zstd save against an uncompressed one when
+nothing but the bytes is handled (no checksum, no Parquet, no table).
+
 The rows stand in for trained embeddings (not constant rows): each row is a correlated
 Gaussian (standard normals times a random ``dim x dim`` mixing matrix, so dims co-vary as
 trained ones do), scaled by a row norm drawn log-normally (median 0.05, sigma 1: rows of
@@ -127,6 +137,7 @@ def phase_save(args: argparse.Namespace) -> None:
     out["zstd_compress_s"] = zstd_compress_s(keys, values)
     out["zstd_compress_parallel_s"] = zstd_compress_s(keys, values, os.cpu_count() or 1)
     out["zstd_levels"] = zstd_levels(values)
+    out.update(plain_writes(os.path.join(args.dir, "plain"), keys, values, args.repeat))
     harness.emit(out)
 
 
@@ -170,6 +181,98 @@ def zstd_compress_s(keys: np.ndarray, values: np.ndarray, threads: int = 1) -> f
         return min(
             harness.timed(lambda: list(pool.map(codec.compress, pieces)))[0] for _ in range(3)
         )
+
+
+#: Bytes of the page-aligned buffer the plainest writes copy their bytes into, and of the
+#: pieces the plainest zstd write compresses.
+PLAIN_BUFFER_BYTES = 4 << 20
+PLAIN_PIECE_BYTES = 2 << 20
+#: The alignment of a direct write's length (the last one is padded to it).
+DIRECT_ALIGN = 4096
+
+
+class _DirectWriter:
+    """One file written straight to the disk (``O_DIRECT`` where the system has it) from
+    one page-aligned buffer: bytes are copied in, each full buffer is written with one
+    ``pwrite``; closing writes the rest padded to a page, cuts the file back and fsyncs."""
+
+    def __init__(self, path: str, buffer: np.ndarray) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0)
+        self.fd = os.open(path, flags, 0o644)
+        self.buffer, self.fill, self.size = buffer, 0, 0
+
+    def write(self, data: Any) -> None:
+        view = np.frombuffer(data, np.uint8)
+        while len(view):
+            n = min(len(view), len(self.buffer) - self.fill)
+            self.buffer[self.fill : self.fill + n] = view[:n]
+            self.fill, view = self.fill + n, view[n:]
+            if self.fill == len(self.buffer):
+                self._write_out(len(self.buffer))
+
+    def _write_out(self, end: int) -> None:
+        done = 0
+        while done < end:
+            done += os.pwrite(self.fd, self.buffer[done:end], self.size + done)
+        self.size += self.fill
+        self.fill = 0
+
+    def close(self) -> None:
+        try:
+            if self.fill:
+                end = -(-self.fill // DIRECT_ALIGN) * DIRECT_ALIGN
+                self.buffer[self.fill : end] = 0
+                self._write_out(end)
+            os.ftruncate(self.fd, self.size)
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+
+
+def plain_writes(path: str, keys: np.ndarray, values: np.ndarray, rounds: int) -> dict[str, Any]:
+    """``plain_write_s`` and ``plain_zstd_write_s`` (see the module's docstring), the best
+    of ``rounds`` rounds each, every round's too, and the zstd file's bytes."""
+    import concurrent.futures
+    import mmap
+
+    import pyarrow as pa
+
+    codec = pa.Codec("zstd", 1)
+    data = [memoryview(keys).cast("B"), memoryview(values.reshape(-1)).cast("B")]
+    buffer = np.frombuffer(mmap.mmap(-1, PLAIN_BUFFER_BYTES), np.uint8)
+    buffer[:] = 0  # touched before any timing
+
+    def pieces(size: int) -> Any:
+        return (d[i : i + size] for d in data for i in range(0, d.nbytes, size))
+
+    def compress(piece: memoryview) -> Any:
+        return codec.compress(piece, asbytes=False)
+
+    def write(stream: Any) -> int:
+        writer = _DirectWriter(path, buffer)
+        try:
+            for piece in stream:
+                writer.write(piece)
+        finally:
+            writer.close()
+        return writer.size
+
+    times: dict[str, list[float]] = {"plain_write_s": [], "plain_zstd_write_s": []}
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(compress, list(pieces(PLAIN_PIECE_BYTES))[:8]))  # the threads started
+        for _ in range(rounds):
+            seconds, _ = harness.timed(lambda: write(pieces(PLAIN_BUFFER_BYTES)))
+            times["plain_write_s"].append(seconds)
+            os.remove(path)
+            seconds, zstd_bytes = harness.timed(
+                lambda: write(pool.map(compress, pieces(PLAIN_PIECE_BYTES)))
+            )
+            times["plain_zstd_write_s"].append(seconds)
+            os.remove(path)
+    out: dict[str, Any] = {name: min(rounds_s) for name, rounds_s in times.items()}
+    out.update({f"{name[:-2]}_rounds_s": rounds_s for name, rounds_s in times.items()})
+    out["plain_zstd_bytes"] = zstd_bytes
+    return out
 
 
 def shard_bytes(url: str, args: argparse.Namespace) -> dict[str, int]:
@@ -303,6 +406,7 @@ def main() -> None:
         compress_s = result.pop("zstd_compress_s")
         parallel_s = result.pop("zstd_compress_parallel_s")
         levels = result.pop("zstd_levels")
+        plain = {name: result.pop(name) for name in list(result) if name.startswith("plain_")}
         for name in VARIANTS:
             result[name].update(run_phase(args, "restore", name))
     finally:
@@ -326,11 +430,23 @@ def main() -> None:
     print("zstd on the value bytes, one thread, by level: " + "; ".join(
         f"{level}: {f['s']:.3f} s, {f['ratio']:.3f}x the bytes" for level, f in levels.items()
     ), flush=True)  # fmt: skip
+    plain_speed = plain["plain_write_s"] / plain["plain_zstd_write_s"]
+    plain_paired = paired_speed(plain["plain_write_rounds_s"], plain["plain_zstd_write_rounds_s"])
+    print(
+        f"the plainest writes of the same bytes straight to the disk: uncompressed "
+        f"{plain['plain_write_s']:.3f} s, zstd on {cores} threads "
+        f"{plain['plain_zstd_write_s']:.3f} s "
+        f"({plain['plain_zstd_bytes'] / 1e6:.2f} MB): speed {plain_speed:.2f} "
+        f"(paired {plain_paired:.2f})",
+        flush=True,
+    )
     targets = {
         "zstd_save_speed": rel["float32_zstd"]["save_speed"],
         "zstd_save_speed_paired": rel["float32_zstd"]["save_speed_paired"],
         "zstd_floor_save_speed": reference_s / floor_s,
         "zstd_measured_floor_save_speed": reference_s / measured_floor_s,
+        "zstd_plain_write_speed": plain_speed,
+        "zstd_plain_write_speed_paired": plain_paired,
         "bfloat16_value_bytes": rel["bfloat16"]["value_bytes"],
         "int8_value_bytes": rel["int8"]["value_bytes"],
     }
@@ -338,6 +454,7 @@ def main() -> None:
                "zstd_compress_s": compress_s, "cores": cores, "zstd_floor_save_s": floor_s,
                "zstd_compress_parallel_s": parallel_s, "zstd_parallel_speedup": speedup,
                "zstd_measured_floor_save_s": measured_floor_s, "zstd_levels": levels,
+               **plain,
                "targets": targets,
                "targets_met": {"zstd_save_speed": targets["zstd_save_speed"] >= 0.8,
                                "bfloat16_value_bytes": targets["bfloat16_value_bytes"] <= 0.5,
