@@ -69,21 +69,33 @@ def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
 
 
 class ChecksummingWriter(io.RawIOBase):
-    """A write-only stream that sums crc32c over everything and over each segment.
+    """A write-only stream that sums crc32c over each segment and over everything.
 
     :meth:`cut` ends the current segment (a part) and returns its byte range and crc32c;
     :meth:`cut_at` schedules a cut at a future offset (Arrow writes its header lazily,
     together with the first batch). Closing does not close the wrapped stream.
+
+    Each byte is summed once, into its segment's crc32c; the segments tile the stream, so
+    the whole stream's crc32c (:attr:`crc32c`) is theirs combined, one combination a
+    segment (:func:`crc32c_combine`), not a second pass over the bytes.
     """
 
     def __init__(self, raw: BinaryIO) -> None:
         super().__init__()
         self._raw = raw
-        self.crc32c = 0
         self.position = 0
         self._segment_start = 0
         self._segment_crc = 0
+        # crc32c of the segments before the current one (the bytes before _segment_start).
+        self._before_crc = 0
         self._pending: int | None = None
+
+    @property
+    def crc32c(self) -> int:
+        """crc32c of every byte written so far."""
+        return crc32c_combine(
+            self._before_crc, self._segment_crc, self.position - self._segment_start
+        )
 
     def writable(self) -> bool:
         return True
@@ -117,13 +129,17 @@ class ChecksummingWriter(io.RawIOBase):
             self._sum(buffer)
 
     def _sum(self, chunk: Any) -> None:
-        self.crc32c = crc32c_extend(self.crc32c, chunk)
         self._segment_crc = crc32c_extend(self._segment_crc, chunk)
 
     def _start_segment(self) -> None:
-        self._segment_start = self.position if self._pending is None else self._pending
-        self._segment_crc = 0
-        self._pending = None
+        self._end_segment(self.position if self._pending is None else self._pending)
+
+    def _end_segment(self, end: int) -> None:
+        """Fold the current segment, which ends at ``end``, into the crc32c of the bytes
+        before it; the next segment starts there."""
+        length = end - self._segment_start
+        self._before_crc = crc32c_combine(self._before_crc, self._segment_crc, length)
+        self._segment_start, self._segment_crc, self._pending = end, 0, None
 
     def cut_at(self, offset: int) -> None:
         """Start a new segment at ``offset`` (at or after the current position)."""
@@ -136,7 +152,7 @@ class ChecksummingWriter(io.RawIOBase):
         segment = ByteRange(
             self._segment_start, self.position - self._segment_start, self._segment_crc
         )
-        self._segment_start, self._segment_crc, self._pending = self.position, 0, None
+        self._end_segment(self.position)
         return segment
 
     def close(self) -> None:
