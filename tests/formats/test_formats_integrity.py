@@ -14,7 +14,7 @@ from de_store.backends import local
 from de_store.errors import ChecksumError, FormatError
 from de_store.formats import SchemaInfo, batch_from_numpy, get_format
 from de_store.formats._shard import POSITIONAL_READ_BYTES
-from de_store.formats._stream import crc32c_combine
+from de_store.formats._stream import OVERLAP_BYTES, ChecksummingWriter, crc32c_combine
 from de_store.testing.page_cache import evict
 
 FORMATS = ["parquet", "arrow", "binary"]
@@ -135,6 +135,35 @@ def test_crc32c_combine_matches_crc_of_concatenation():
         a, b = rng.bytes(la), rng.bytes(lb)
         combined = crc32c_combine(google_crc32c.value(a), google_crc32c.value(b), lb)
         assert combined == google_crc32c.value(a + b)
+
+
+def test_checksumming_writer_sums_every_segment_and_the_whole_stream():
+    """Writes small and large (summed in a helper thread), cuts at write boundaries and
+    cuts scheduled inside a later write (the bytes before such a cut, since the last one,
+    are in no segment returned, as Arrow's header): each segment's crc32c and the whole
+    stream's are those of their bytes."""
+    import io
+
+    rng = np.random.default_rng(7)
+    sink = io.BytesIO()
+    writer = ChecksummingWriter(sink)
+    ranges, scheduled = [], []
+    for size, cut in [(10, "now"), (OVERLAP_BYTES + 5, "inside"), (3, None), (70_000, "now"),
+                      (0, "now"), (OVERLAP_BYTES * 2, "inside"), (1, None)]:  # fmt: skip
+        if cut == "inside":  # a cut a little way into the next write
+            ranges.append(writer.cut())
+            scheduled.append(writer.position + size // 3)
+            writer.cut_at(scheduled[-1])
+        writer.write(rng.bytes(size))
+        if cut == "now":
+            ranges.append(writer.cut())
+    ranges.append(writer.cut())
+    data = sink.getvalue()
+    assert ranges[-1].end == len(data) == writer.position
+    assert set(scheduled) <= {r.offset for r in ranges}
+    for r in ranges:
+        assert r.crc32c == google_crc32c.value(data[r.offset : r.end]), r
+    assert writer.crc32c == google_crc32c.value(data)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
