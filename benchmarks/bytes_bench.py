@@ -187,46 +187,6 @@ def zstd_compress_s(keys: np.ndarray, values: np.ndarray, threads: int = 1) -> f
 #: pieces the plainest zstd write compresses.
 PLAIN_BUFFER_BYTES = 4 << 20
 PLAIN_PIECE_BYTES = 2 << 20
-#: The alignment of a direct write's length (the last one is padded to it).
-DIRECT_ALIGN = 4096
-
-
-class _DirectWriter:
-    """One file written straight to the disk (``O_DIRECT`` where the system has it) from
-    one page-aligned buffer: bytes are copied in, each full buffer is written with one
-    ``pwrite``; closing writes the rest padded to a page, cuts the file back and fsyncs."""
-
-    def __init__(self, path: str, buffer: np.ndarray) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0)
-        self.fd = os.open(path, flags, 0o644)
-        self.buffer, self.fill, self.size = buffer, 0, 0
-
-    def write(self, data: Any) -> None:
-        view = np.frombuffer(data, np.uint8)
-        while len(view):
-            n = min(len(view), len(self.buffer) - self.fill)
-            self.buffer[self.fill : self.fill + n] = view[:n]
-            self.fill, view = self.fill + n, view[n:]
-            if self.fill == len(self.buffer):
-                self._write_out(len(self.buffer))
-
-    def _write_out(self, end: int) -> None:
-        done = 0
-        while done < end:
-            done += os.pwrite(self.fd, self.buffer[done:end], self.size + done)
-        self.size += self.fill
-        self.fill = 0
-
-    def close(self) -> None:
-        try:
-            if self.fill:
-                end = -(-self.fill // DIRECT_ALIGN) * DIRECT_ALIGN
-                self.buffer[self.fill : end] = 0
-                self._write_out(end)
-            os.ftruncate(self.fd, self.size)
-            os.fsync(self.fd)
-        finally:
-            os.close(self.fd)
 
 
 def plain_writes(path: str, keys: np.ndarray, values: np.ndarray, rounds: int) -> dict[str, Any]:
@@ -249,7 +209,7 @@ def plain_writes(path: str, keys: np.ndarray, values: np.ndarray, rounds: int) -
         return codec.compress(piece, asbytes=False)
 
     def write(stream: Any) -> int:
-        writer = _DirectWriter(path, buffer)
+        writer = harness.DirectWriter(path, buffer)
         try:
             for piece in stream:
                 writer.write(piece)
