@@ -47,6 +47,15 @@ the same way. Both the best of ``--repeat`` rounds, taken in turn after the save
 rounds' ratios): what this machine allows a zstd save against an uncompressed one when
 nothing but the bytes is handled (no checksum, no Parquet, no table).
 
+Beside a training loop: ``train_step_alone_ms`` is the mean time of a training-like step
+(a ``tf.function`` of eight products of a 384 x 384 matrix, on TensorFlow's threads),
+the best of three runs of 50; for an uncompressed and a zstd async save
+(``beside_training``), ``train_step_beside_async_ms`` is a step's mean time while the
+save runs, steps called one after the other from its call until it has committed, and
+``async_save_beside_training_s`` the save's time from its call to its commit, both the
+median of ``--repeat`` rounds: what an async save costs the steps beside it, and how
+long it takes when it shares the cores with them.
+
 The rows stand in for trained embeddings (not constant rows): each row is a correlated
 Gaussian (standard normals times a random ``dim x dim`` mixing matrix, so dims co-vary as
 trained ones do), scaled by a row norm drawn log-normally (median 0.05, sigma 1: rows of
@@ -63,6 +72,7 @@ import functools
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -138,7 +148,55 @@ def phase_save(args: argparse.Namespace) -> None:
     out["zstd_compress_parallel_s"] = zstd_compress_s(keys, values, os.cpu_count() or 1)
     out["zstd_levels"] = zstd_levels(values)
     out.update(plain_writes(os.path.join(args.dir, "plain"), keys, values, args.repeat))
+    out.update(beside_training(tf, de_store, variable, args))
     harness.emit(out)
+
+
+#: The async saves timed beside a training-like loop: name -> compression.
+BESIDE_TRAINING = {"float32": "none", "float32_zstd": "zstd"}
+
+
+def beside_training(tf: Any, de_store: Any, variable: Any, args: argparse.Namespace) -> dict:
+    """``train_step_alone_ms`` and, per :data:`BESIDE_TRAINING` save, the median over
+    ``--repeat`` rounds of a step's mean time while an async save runs
+    (``train_step_beside_async_ms``) and of the save's time from its call to its commit
+    (``async_save_beside_training_s``); see the module's docstring."""
+    weights = tf.Variable(tf.random.stateless_normal([TRAIN_WIDTH, TRAIN_WIDTH], seed=[1, 2]))
+
+    @tf.function
+    def step() -> Any:
+        out = weights
+        for _ in range(TRAIN_LAYERS):
+            out = tf.tanh(tf.matmul(out, weights) * 0.01)
+        return tf.reduce_sum(out)
+
+    for _ in range(20):  # traced, and the thread pools started
+        step().numpy()
+    alone = min(harness.timed(lambda: [step().numpy() for _ in range(50)])[0] for _ in range(3))
+    out: dict[str, Any] = {"train_step_alone_ms": alone / 50 * 1e3}
+    for name, compression in BESIDE_TRAINING.items():
+        steps_ms, saves_s = [], []
+        for attempt in range(args.repeat):
+            url = os.path.join(args.dir, f"{name}-beside-training-{attempt}")
+            start = time.perf_counter()
+            pending = de_store.save([variable], url, blocking=False, format=args.format,
+                                    compression=compression)  # fmt: skip
+            stepping, steps = time.perf_counter(), 0
+            while not pending.done():
+                step().numpy()
+                steps += 1
+            ended = time.perf_counter()
+            pending.result()
+            saves_s.append(ended - start)
+            steps_ms.append((ended - stepping) / max(steps, 1) * 1e3)
+            shutil.rmtree(url)
+        out[name] = {"train_step_beside_async_ms": statistics.median(steps_ms),
+                     "async_save_beside_training_s": statistics.median(saves_s)}  # fmt: skip
+    return {"beside_training": out}
+
+
+#: The training-like step: ``TRAIN_LAYERS`` products of a ``TRAIN_WIDTH`` square matrix.
+TRAIN_WIDTH, TRAIN_LAYERS = 384, 8
 
 
 #: The zstd levels ``zstd_levels`` compares: the saves' level and two fast ones.
@@ -367,6 +425,7 @@ def main() -> None:
         parallel_s = result.pop("zstd_compress_parallel_s")
         levels = result.pop("zstd_levels")
         plain = {name: result.pop(name) for name in list(result) if name.startswith("plain_")}
+        training = result.pop("beside_training")
         for name in VARIANTS:
             result[name].update(run_phase(args, "restore", name))
     finally:
@@ -400,6 +459,13 @@ def main() -> None:
         f"(paired {plain_paired:.2f})",
         flush=True,
     )
+    alone_ms = training["train_step_alone_ms"]
+    print(f"a training-like step alone: {alone_ms:.2f} ms; beside an async save: " + "; ".join(
+        f"{name} {t['train_step_beside_async_ms']:.2f} ms "
+        f"({t['train_step_beside_async_ms'] / alone_ms:.2f}x), the save "
+        f"{t['async_save_beside_training_s']:.3f} s" for name, t in training.items()
+        if name in BESIDE_TRAINING
+    ), flush=True)  # fmt: skip
     targets = {
         "zstd_save_speed": rel["float32_zstd"]["save_speed"],
         "zstd_save_speed_paired": rel["float32_zstd"]["save_speed_paired"],
@@ -414,7 +480,7 @@ def main() -> None:
                "zstd_compress_s": compress_s, "cores": cores, "zstd_floor_save_s": floor_s,
                "zstd_compress_parallel_s": parallel_s, "zstd_parallel_speedup": speedup,
                "zstd_measured_floor_save_s": measured_floor_s, "zstd_levels": levels,
-               **plain,
+               **plain, "beside_training": training,
                "targets": targets,
                "targets_met": {"zstd_save_speed": targets["zstd_save_speed"] >= 0.8,
                                "bfloat16_value_bytes": targets["bfloat16_value_bytes"] <= 0.5,

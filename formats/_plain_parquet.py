@@ -24,7 +24,11 @@ with Arrow's codec (lz4: Parquet's LZ4_RAW); the levels cost no more than uncomp
 so the codec is all a compressed save adds. The codec runs in
 background threads, beside the writes: :meth:`PlainParquetWriter.prepare` starts
 compressing a batch's pages before its turn comes (the format prepares the next parts
-while it writes one). A zstd page is compressed as frames side by side, one after the
+while it writes one). The codec threads run at a lower priority (:data:`CODEC_NICE`):
+the cores go first to the thread writing the file, its crc32c and the disk's helper, and
+to a training loop beside an async save; compression takes the time they leave, and the
+disk is not left waiting for a thread the codec pushed aside. A zstd page is compressed
+as frames side by side, one after the
 other in the page (the levels, then the values in frames of at least
 :data:`FRAME_BYTES`): a zstd stream may hold several frames, and every zstd decoder
 (Arrow's, DuckDB's) reads them as one. A raw LZ4 page is one block: its pages, and those
@@ -84,6 +88,9 @@ _DATA_PAGE = 0
 FRAME_BYTES = 1 << 20
 #: Threads compressing pages: one a core, at most 4.
 _CODEC_THREADS = max(1, min(4, os.cpu_count() or 1))
+#: How much lower the compressing threads run than the thread that started them (nice
+#: steps, Linux): a frame can wait, the file's writes and the user's training cannot.
+CODEC_NICE = 10
 #: Codecs this writer and reader handle -> Parquet's CompressionCodec. ``"lz4"`` is
 #: LZ4_RAW (one LZ4 block a page), as Arrow's writer writes it: the format deprecated its
 #: Hadoop-framed LZ4.
@@ -197,7 +204,7 @@ def _pages(column: pa.Array) -> list[tuple[int, bytes, memoryview]]:
 #: compressed bytes being compressed (``None``: written uncompressed).
 _Page = tuple[int, bytes, memoryview, list[Future[memoryview]] | None]
 
-_CODEC_POOL = LazyPool(_CODEC_THREADS, "de_store-codec")
+_CODEC_POOL = LazyPool(_CODEC_THREADS, "de_store-codec", nice=CODEC_NICE)
 
 
 def _compress_frames(codec: Any, levels: bytes, body: memoryview) -> list[Future[memoryview]]:

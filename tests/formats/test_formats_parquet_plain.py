@@ -7,6 +7,10 @@ key statistics, whatever the dtypes, widths, row group sizes and page splits.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
 import ml_dtypes
 import numpy as np
 import pyarrow as pa
@@ -302,6 +306,27 @@ def test_zstd_pages_in_several_frames_read_as_one_by_every_reader(tmp_path, monk
     rows = duckdb.sql(f"SELECT key, value FROM read_parquet('{ours}')").fetchall()
     assert [row[0] for row in rows] == keys.tolist()
     assert same(np.array([row[1] for row in rows], np.float32), values)
+    got_keys, got_values, _ = _read_back(tmp_path, info)
+    assert same(got_keys, keys) and same(got_values, values)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads' own nice: Linux")
+def test_compressing_threads_run_below_the_thread_that_saves(tmp_path, monkeypatch):
+    """Every frame is compressed by a thread CODEC_NICE nice steps below the threads that
+    write (19 at most): the writes and a training loop take the cores first."""
+    compress, seen = _plain_parquet._compress, set()
+
+    def recording(*args):
+        seen.add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return compress(*args)
+
+    monkeypatch.setattr(_plain_parquet, "_compress", recording)
+    keys, values = make_keys(3000, "int64"), make_values(3000, 8, "float32")
+    info, _, _ = write_both(
+        tmp_path, SchemaInfo("emb", 8), [batch_from_numpy(keys, values)], 700, compression="zstd"
+    )
+    writer = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen == {min(19, writer + _plain_parquet.CODEC_NICE)}
     got_keys, got_values, _ = _read_back(tmp_path, info)
     assert same(got_keys, keys) and same(got_values, values)
 
