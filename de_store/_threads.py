@@ -1,8 +1,10 @@
-"""A thread pool that survives ``fork``, its threads at a lower priority when asked."""
+"""A thread pool that survives ``fork``, its threads at a lower priority and kept apart on
+the cores when asked."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import threading
@@ -17,10 +19,12 @@ class LazyPool:
 
     ``nice``: how much lower than the thread that starts them the pool's threads run
     (:func:`lower_priority`), for work that may wait while other threads use the cores.
+    ``apart``: each thread keeps to its own share of the cores (:func:`keep_apart`), for
+    work that keeps every thread busy at once.
     """
 
-    def __init__(self, workers: int, name: str, *, nice: int = 0) -> None:
-        self._workers, self._name, self._nice = workers, name, nice
+    def __init__(self, workers: int, name: str, *, nice: int = 0, apart: bool = False) -> None:
+        self._workers, self._name, self._nice, self._apart = workers, name, nice, apart
         self._pool: ThreadPoolExecutor | None = None
         self._made = threading.Lock()
         os.register_at_fork(after_in_child=self._forget)
@@ -31,13 +35,47 @@ class LazyPool:
                 self._pool = ThreadPoolExecutor(
                     self._workers,
                     thread_name_prefix=self._name,
-                    initializer=functools.partial(lower_priority, self._nice),
+                    initializer=functools.partial(
+                        _start_worker, self._nice, self._apart, self._workers, itertools.count()
+                    ),
                 )
             pool = self._pool
         return pool.submit(fn, *args, **kwargs)
 
     def _forget(self) -> None:
         self._pool, self._made = None, threading.Lock()
+
+
+def _start_worker(nice: int, apart: bool, workers: int, started: itertools.count[int]) -> None:
+    """Set up the pool thread that calls it: its priority, and its share of the cores
+    (``started``: the pool's count of threads started, read once by each)."""
+    lower_priority(nice)
+    if apart:
+        keep_apart(next(started), workers)
+
+
+def keep_apart(index: int, workers: int) -> None:
+    """Keep the calling thread, the ``index``-th of ``workers`` threads that work side by
+    side, to its own share of the cores it may run on: every ``workers``-th of them, from
+    the ``index``-th on. Only where the system sets the cores of each thread (Linux's
+    ``sched_setaffinity`` takes a thread's id) and there are at least as many cores as
+    threads; a refusal changes nothing.
+
+    Why: Linux balances the cores by the weight of what runs on them, and a thread at a
+    lower priority (:func:`lower_priority`) weighs a tenth of one at the normal priority
+    or less. Two such threads can then share one core while a thread of normal priority
+    holds the other, and when that thread waits for their work its core idles (what it
+    cost a zstd save on two cores: ``docs/benchmarks.md``, *Fewer bytes*). Each in its own
+    share, every core has one of them to run whenever the threads above them wait."""
+    if workers < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    thread = threading.get_native_id()
+    try:
+        cores = sorted(os.sched_getaffinity(thread))
+        if len(cores) >= workers:
+            os.sched_setaffinity(thread, cores[index % workers :: workers])
+    except OSError:
+        pass
 
 
 def lower_priority(steps: int) -> None:

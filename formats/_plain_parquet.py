@@ -21,17 +21,18 @@ which Parquet widens to 32 bits) go through Arrow's writer.
 
 With ``compression="zstd"`` or ``"lz4"`` each page (its levels and values) is compressed
 with Arrow's codec (lz4: Parquet's LZ4_RAW); the levels cost no more than uncompressed,
-so the codec is all a compressed save adds. The codec runs in
-background threads, beside the writes: :meth:`PlainParquetWriter.prepare` starts
-compressing a batch's pages before its turn comes (the format prepares the next parts
-while it writes one). The codec threads run at a lower priority (:data:`CODEC_NICE`):
-the cores go first to the thread writing the file, its crc32c and the disk's helper, and
-to a training loop beside an async save; compression takes the time they leave, and the
-disk is not left waiting for a thread the codec pushed aside. A zstd page is compressed
-as frames side by side, one after the
-other in the page (the levels, then the values in frames of at least
-:data:`FRAME_BYTES`): a zstd stream may hold several frames, and every zstd decoder
-(Arrow's, DuckDB's) reads them as one. A raw LZ4 page is one block: its pages, and those
+so the codec is all a compressed save adds. The codec runs in background threads, beside
+the writes: :meth:`PlainParquetWriter.prepare` starts compressing a batch's pages before
+its turn comes (the format prepares the next parts while it writes one). The codec
+threads run at a lower priority (:data:`CODEC_NICE`): the cores go first to the thread
+writing the file, its crc32c and the disk's helper, and to a training loop beside an
+async save; compression takes the time they leave, and the disk is not left waiting for
+a thread the codec pushed aside. Each codec thread keeps to its own share of the cores
+(:func:`de_store._threads.keep_apart`): at their low priority the system would otherwise
+let two of them share a core while another idles. A zstd page is compressed as frames
+side by side, one after the other in the page (the levels, then the values in frames of
+at least :data:`FRAME_BYTES`): a zstd stream may hold several frames, and every zstd
+decoder (Arrow's, DuckDB's) reads them as one. A raw LZ4 page is one block: its pages, and those
 of the parts prepared ahead, are compressed side by side.
 """
 
@@ -86,8 +87,9 @@ _DATA_PAGE = 0
 #: Uncompressed bytes of a page compressed as one zstd frame, at least: a bigger page is
 #: cut into as many frames as threads compress them (:data:`_CODEC_THREADS`).
 FRAME_BYTES = 1 << 20
-#: Threads compressing pages: one a core, at most 4.
-_CODEC_THREADS = max(1, min(4, os.cpu_count() or 1))
+#: Threads compressing pages: one for each core the process may run on, at most 4.
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+_CODEC_THREADS = max(1, min(4, _CORES or 1))
 #: How much lower the compressing threads run than the thread that started them (nice
 #: steps, Linux): a frame can wait, the file's writes and the user's training cannot.
 CODEC_NICE = 10
@@ -204,7 +206,7 @@ def _pages(column: pa.Array) -> list[tuple[int, bytes, memoryview]]:
 #: compressed bytes being compressed (``None``: written uncompressed).
 _Page = tuple[int, bytes, memoryview, list[Future[memoryview]] | None]
 
-_CODEC_POOL = LazyPool(_CODEC_THREADS, "de_store-codec", nice=CODEC_NICE)
+_CODEC_POOL = LazyPool(_CODEC_THREADS, "de_store-codec", nice=CODEC_NICE, apart=True)
 
 
 def _compress_frames(codec: Any, levels: bytes, body: memoryview) -> list[Future[memoryview]]:

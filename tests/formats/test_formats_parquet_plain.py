@@ -331,6 +331,25 @@ def test_compressing_threads_run_below_the_thread_that_saves(tmp_path, monkeypat
     assert same(got_keys, keys) and same(got_values, values)
 
 
+def test_each_compressing_thread_keeps_to_its_own_share_of_the_cores():
+    """The codec threads split the cores the process may run on between them, every
+    n-th core to one thread: at their low priority none shares a core with another
+    while a core idles."""
+    workers = _plain_parquet._CODEC_THREADS
+    all_started = threading.Barrier(workers, timeout=60)
+
+    def where() -> tuple[int, tuple[int, ...]]:
+        all_started.wait()  # each task holds its thread: every thread of the pool runs one
+        return threading.get_native_id(), tuple(sorted(os.sched_getaffinity(0)))
+
+    seen = dict(
+        f.result() for f in [_plain_parquet._CODEC_POOL.submit(where) for _ in range(workers)]
+    )
+    cores = sorted(os.sched_getaffinity(0))
+    assert len(seen) == workers
+    assert sorted(seen.values()) == sorted(tuple(cores[i::workers]) for i in range(workers))
+
+
 FORKED = """
 import os, sys, time
 import numpy as np
