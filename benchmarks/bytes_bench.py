@@ -48,6 +48,12 @@ taken in turn after the saves;
 rounds' ratios): what this machine allows a zstd save against an uncompressed one when
 nothing but the bytes is handled (no checksum, no Parquet, no table).
 
+``codec_cores``: zstd saves with each codec thread kept to its own share of the cores, as
+de_store runs them (``apart_s``), against the same saves with the codec threads free to
+share a core (``shared_s``, at the same lower priority), a save of each in turn per
+round, the best of ``--repeat`` rounds (``_rounds_s``: every round's); the printed line
+gives how many times as fast the first ran, best over best and paired.
+
 Beside a training loop: ``train_step_alone_ms`` is the mean time of a training-like step
 (a ``tf.function`` of eight products of a 384 x 384 matrix, on TensorFlow's threads),
 the best of three runs of 50; for an uncompressed and a zstd async save
@@ -149,8 +155,39 @@ def phase_save(args: argparse.Namespace) -> None:
     out["zstd_compress_parallel_s"] = zstd_compress_s(keys, values, os.cpu_count() or 1)
     out["zstd_levels"] = zstd_levels(values)
     out.update(plain_writes(os.path.join(args.dir, "plain"), keys, values, args.repeat))
+    out["codec_cores"] = codec_cores(save, args)
     out.update(beside_training(tf, de_store, variable, args))
     harness.emit(out)
+
+
+def codec_cores(save: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """zstd saves with each codec thread kept to its own share of the cores, as de_store
+    runs them (``apart``), and with the same threads, at the same priority, free to share
+    a core (``shared``: a pool of its own swapped in for those saves), a save of each in
+    turn per round: the best of ``--repeat`` rounds and every round's time."""
+    from de_store._threads import LazyPool
+    from de_store.formats import _plain_parquet
+
+    apart = _plain_parquet._CODEC_POOL
+    shared = LazyPool(
+        _plain_parquet._CODEC_THREADS, "de_store-codec-shared", nice=_plain_parquet.CODEC_NICE
+    )
+    times: dict[str, list[float]] = {"apart": [], "shared": []}
+    try:
+        for attempt in range(args.repeat + 1):  # the first round starts the shared threads
+            for name, pool in (("apart", apart), ("shared", shared)):
+                _plain_parquet._CODEC_POOL = pool
+                url = os.path.join(args.dir, f"codec-{name}")
+                seconds, _ = harness.timed(lambda u=url: save(u, compression="zstd"))
+                if attempt:
+                    times[name].append(seconds)
+                shutil.rmtree(url)
+    finally:
+        _plain_parquet._CODEC_POOL = apart
+    return {
+        **{f"{name}_s": min(rounds) for name, rounds in times.items()},
+        **{f"{name}_rounds_s": rounds for name, rounds in times.items()},
+    }
 
 
 #: The async saves timed beside a training-like loop: name -> compression.
@@ -432,6 +469,7 @@ def main() -> None:
         levels = result.pop("zstd_levels")
         plain = {name: result.pop(name) for name in list(result) if name.startswith("plain_")}
         training = result.pop("beside_training")
+        cores_ab = result.pop("codec_cores")
         for name in VARIANTS:
             result[name].update(run_phase(args, "restore", name))
     finally:
@@ -466,6 +504,13 @@ def main() -> None:
         f"(paired {plain_paired:.2f})",
         flush=True,
     )
+    print(
+        f"zstd saves with each codec thread on its own share of the cores: "
+        f"{cores_ab['apart_s']:.3f} s; free to share a core: {cores_ab['shared_s']:.3f} s "
+        f"(the first {cores_ab['shared_s'] / cores_ab['apart_s']:.2f}x as fast, paired "
+        f"{paired_speed(cores_ab['shared_rounds_s'], cores_ab['apart_rounds_s']):.2f}x)",
+        flush=True,
+    )
     alone_ms = training["train_step_alone_ms"]
     print(f"a training-like step alone: {alone_ms:.2f} ms; beside an async save: " + "; ".join(
         f"{name} {t['train_step_beside_async_ms']:.2f} ms "
@@ -487,7 +532,7 @@ def main() -> None:
                "zstd_compress_s": compress_s, "cores": cores, "zstd_floor_save_s": floor_s,
                "zstd_compress_parallel_s": parallel_s, "zstd_parallel_speedup": speedup,
                "zstd_measured_floor_save_s": measured_floor_s, "zstd_levels": levels,
-               **plain, "beside_training": training,
+               **plain, "codec_cores": cores_ab, "beside_training": training,
                "targets": targets,
                "targets_met": {"zstd_save_speed": targets["zstd_save_speed"] >= 0.8,
                                "bfloat16_value_bytes": targets["bfloat16_value_bytes"] <= 0.5,
