@@ -32,8 +32,8 @@ a thread the codec pushed aside. Each codec thread keeps to its own share of the
 let two of them share a core while another idles. A zstd page is compressed as frames
 side by side, one after the other in the page (the levels, then the values in frames of
 at least :data:`FRAME_BYTES`): a zstd stream may hold several frames, and every zstd
-decoder (Arrow's, DuckDB's) reads them as one. A raw LZ4 page is one block: its pages, and those
-of the parts prepared ahead, are compressed side by side.
+decoder (Arrow's, DuckDB's) reads them as one. A raw LZ4 page is one block: its pages,
+and those of the parts prepared ahead, are compressed side by side.
 """
 
 from __future__ import annotations
