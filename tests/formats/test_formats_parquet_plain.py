@@ -331,6 +331,7 @@ def test_compressing_threads_run_below_the_thread_that_saves(tmp_path, monkeypat
     assert same(got_keys, keys) and same(got_values, values)
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="threads' own cores: Linux")
 def test_each_compressing_thread_keeps_to_its_own_share_of_the_cores():
     """The codec threads split the cores the process may run on between them, every
     n-th core to one thread: at their low priority none shares a core with another
