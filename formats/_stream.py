@@ -7,12 +7,12 @@ import io
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
-import google_crc32c
 import pyarrow as pa
 
 from de_store._threads import LazyPool
 from de_store.errors import ChecksumError, FormatError
 
+from ._crc32c import crc32c
 from .base import ByteRange, FileInfo
 
 #: Writes at least this big sum their crc32c in a helper thread while the write runs.
@@ -26,9 +26,7 @@ _X2N = [1 << 30]  # x^(2^k) mod p for k = 0..31, bit-reversed (bit 31 is x^0)
 
 def crc32c_extend(crc: int, data: Any) -> int:
     """crc32c of the bytes already summed into ``crc`` followed by ``data`` (any buffer)."""
-    if not isinstance(data, bytes | pa.Buffer):
-        data = pa.py_buffer(data)
-    return int(google_crc32c.extend(crc, data))
+    return crc32c(data, crc)
 
 
 def _multiply(a: int, b: int) -> int:
@@ -109,7 +107,7 @@ class ChecksummingWriter(io.RawIOBase):
         if size < OVERLAP_BYTES:
             self._sum_all(buffer, size)
             self._raw.write(data)
-        else:  # the crc32c (which holds the GIL) runs while the write waits for the OS
+        else:  # the crc32c runs beside the write (both let go of the interpreter lock)
             summed = _CRC_POOL.submit(self._sum_all, buffer, size)
             try:
                 self._raw.write(data)

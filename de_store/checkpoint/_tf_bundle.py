@@ -20,9 +20,8 @@ import dataclasses
 import re
 import struct
 
-import google_crc32c
-
 from de_store.errors import FormatError
+from de_store.formats._crc32c import crc32c
 
 #: The last 8 bytes of a table file.
 _TABLE_MAGIC = 0xDB4775248B80FB57
@@ -124,7 +123,7 @@ def _block_bytes(records: list[tuple[bytes, bytes]]) -> bytes:
     restarts = restarts or [0]
     body += struct.pack(f"<{len(restarts)}I", *restarts) + struct.pack("<I", len(restarts))
     body += b"\0"  # type: no compression
-    return bytes(body) + struct.pack("<I", mask(google_crc32c.value(bytes(body))))
+    return bytes(body) + struct.pack("<I", mask(crc32c(body)))
 
 
 def _handle(offset: int, size: int) -> bytes:
@@ -178,7 +177,7 @@ def _block(data: bytes, offset: int, size: int, where: str) -> list[tuple[bytes,
         )
     contents, kind = data[offset : offset + size], data[offset + size]
     (stored,) = struct.unpack("<I", data[offset + size + 1 : offset + size + 5])
-    found = google_crc32c.value(data[offset : offset + size + 1])
+    found = crc32c(data[offset : offset + size + 1])
     if unmask(stored) != found:
         raise FormatError(
             f"{where}: block at byte {offset} fails its crc32c: recorded "

@@ -28,14 +28,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-import google_crc32c
-
 from de_store.backends.base import Backend
 from de_store.backends.location import Location
 from de_store.checkpoint import names
 from de_store.checkpoint.manifest import Manifest, manifest_from_json, to_json
 from de_store.checkpoint.retry import NO_RETRY, RetryPolicy, write_once_checked
 from de_store.errors import AlreadyExistsError, CheckpointError, CheckpointNotFoundError
+from de_store.formats._crc32c import crc32c
 
 T = TypeVar("T")
 
@@ -131,7 +130,7 @@ class CommitStrategy(abc.ABC):
     def _record(self, generation: int, data: bytes) -> bytes:
         fields = {
             "generation": generation,
-            "manifest_crc32c": google_crc32c.value(data),
+            "manifest_crc32c": crc32c(data),
             "manifest_bytes": len(data),
             "committed": time.time(),
             "save_id": self.save_id,
@@ -309,7 +308,7 @@ _LEGACY_RECORD_FIELDS = {"generation", "manifest_crc32c", "manifest_bytes", "com
 
 
 def _record_crc(fields: dict[str, object]) -> int:
-    return int(google_crc32c.value(json.dumps(fields, sort_keys=True).encode()))
+    return crc32c(json.dumps(fields, sort_keys=True).encode())
 
 
 def parse_commit_record(data: bytes) -> dict[str, object]:
@@ -513,7 +512,7 @@ def checked_manifest(
         data = backend.read_bytes(path)
     except FileNotFoundError as err:
         raise CheckpointError(f"{where}: committed but {path} is missing") from err
-    crc = google_crc32c.value(data)
+    crc = crc32c(data)
     if (len(data), crc) != expected:
         raise CheckpointError(
             f"{Location(backend, path).url}: expected {expected[0]} bytes "

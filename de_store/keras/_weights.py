@@ -27,11 +27,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import tensorflow as tf
 
 from de_store.errors import ChecksumError, FormatError, VariableError
+from de_store.formats._crc32c import crc32c as _crc32c
 
 #: The entries of one table, after its prefix.
 ENTRIES = ("keys", "values", "crc32c")
@@ -112,7 +112,7 @@ def crc32c(array: np.ndarray) -> int:
     """crc32c of an array's bytes, little-endian."""
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return int(google_crc32c.value(np.ascontiguousarray(array).tobytes()))
+    return _crc32c(np.ascontiguousarray(array))
 
 
 def _tables(variable: Any) -> dict[str, Any]:
