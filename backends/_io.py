@@ -104,6 +104,22 @@ class CountingFile(io.BufferedIOBase):
         self._stats.add_written(n)
         return n
 
+    def hand_over(self, data: Any) -> int:
+        """Write ``data``, which the caller does not change afterwards: a file writing
+        straight to the disk may write it from where it is rather than copy it."""
+        hand_over = getattr(self._raw, "hand_over", None)
+        if hand_over is None:
+            return self.write(data)
+        n = memoryview(data).nbytes
+        self._call("write", hand_over, data)
+        self._stats.add_written(n)
+        return n
+
+    @property
+    def direct_alignment(self) -> int | None:
+        """The file's ``direct_alignment`` (see ``hand_over``), None where it has none."""
+        return getattr(self._raw, "direct_alignment", None)
+
     def seek(self, offset: int, whence: int = 0) -> int:
         return int(self._call("seek", self._raw.seek, offset, whence))
 

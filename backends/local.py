@@ -316,6 +316,12 @@ class _DirectFile(io.RawIOBase):
     buffer is written padded to :data:`WRITE_ALIGNMENT` and the file cut back to its
     length before the final fsync.
 
+    Data the writer hands over (:meth:`hand_over`: it does not change it afterwards) that
+    starts in memory at an address of :data:`WRITE_ALIGNMENT` and in the file where the
+    buffers so far end at one goes to the disk from where it is, its whole blocks of that
+    alignment without a copy (the compressed frames of a Parquet page, placed so by its
+    writer); only its last, partial block is copied.
+
     Where the filesystem refuses a direct write (``EINVAL``, as some FUSE and network
     filesystems do), the descriptor drops ``O_DIRECT`` and that write and the rest go
     through the page cache. An error of the helper thread is raised by the next
@@ -335,7 +341,12 @@ class _DirectFile(io.RawIOBase):
         self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         for _ in range(buffers):
             self._free.put(np.frombuffer(mmap.mmap(-1, buffer_size), np.uint8))
-        self._jobs: queue.SimpleQueue[tuple[np.ndarray, int, int] | None] = queue.SimpleQueue()
+        # (bytes, length, file offset, whether one of the file's own buffers)
+        self._jobs: queue.SimpleQueue[tuple[np.ndarray, int, int, bool] | None] = (
+            queue.SimpleQueue()
+        )
+        # Places for data handed over and not yet written: as many as own buffers.
+        self._handed = threading.Semaphore(buffers)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._current: np.ndarray | None = None
@@ -363,28 +374,60 @@ class _DirectFile(io.RawIOBase):
                 self._hand_out(self._buffer_size)
         return done
 
+    @property
+    def direct_alignment(self) -> int | None:
+        """The alignment :meth:`hand_over` writes data from without a copy (None once the
+        filesystem refused a direct write)."""
+        return WRITE_ALIGNMENT if self.direct else None
+
+    def hand_over(self, data: Any) -> int:
+        """Write ``data``, which the caller does not change afterwards: from where it is
+        when it and the file's end are aligned (see the class's docstring), else copied
+        as :meth:`write` does. The file keeps a reference to it until it is written."""
+        self._raise_error()
+        source = np.frombuffer(data, np.uint8)
+        whole = len(source) - len(source) % WRITE_ALIGNMENT
+        aligned = not (self._filled % WRITE_ALIGNMENT or source.ctypes.data % WRITE_ALIGNMENT)
+        if not (self.direct and aligned and whole):
+            return self.write(data)
+        if self._filled:
+            self._hand_out(self._filled)
+        self._handed.acquire()  # waits for the disk to take an earlier one
+        self._raise_error()
+        self._queue((source[:whole], whole, self._offset, False))
+        self._offset += whole
+        self.write(source[whole:])
+        return len(source)
+
     def _hand_out(self, length: int) -> None:
         """Queue the current buffer's first ``length`` bytes for the helper thread."""
         assert self._current is not None
+        self._queue((self._current, length, self._offset, True))
+        self._offset += self._filled
+        self._current, self._filled = None, 0
+
+    def _queue(self, job: tuple[np.ndarray, int, int, bool]) -> None:
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._write_out, name="de_store-direct-write", daemon=True
             )
             self._thread.start()
-        self._jobs.put((self._current, length, self._offset))
-        self._offset += self._filled
-        self._current, self._filled = None, 0
+        self._jobs.put(job)
 
     def _write_out(self) -> None:
         while (job := self._jobs.get()) is not None:
-            buffer, length, offset = job
+            buffer, length, offset, own = job
             try:
                 if self._error is None:
                     self._write_at(buffer[:length], offset)
             except BaseException as err:  # raised to the writer by write() or sync()
                 self._error = err
             finally:
-                self._free.put(buffer)
+                if own:
+                    self._free.put(buffer)
+                else:
+                    self._handed.release()
+            del job, buffer  # data handed over is let go once written
 
     def _write_at(self, view: Any, offset: int) -> None:
         try:

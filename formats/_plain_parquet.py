@@ -34,6 +34,17 @@ side by side, one after the other in the page (the levels, then the values in fr
 at least :data:`FRAME_BYTES`): a zstd stream may hold several frames, and every zstd
 decoder (Arrow's, DuckDB's) reads them as one. A raw LZ4 page is one block: its pages,
 and those of the parts prepared ahead, are compressed side by side.
+
+The codec thread that compresses a frame also sums its crc32c, while the frame is still in
+that core's cache; the stream combines it into the part's and the file's checksums
+(``ChecksummingWriter.write_summed``) instead of reading the frame again. Where the sink
+writes straight to the disk (``direct_alignment``: a local file opened ``O_DIRECT``), each
+zstd frame of :data:`JOIN_BYTES` or more starts at an offset of that alignment, after a
+zstd *skippable frame* of padding where needed (a magic number, a length, that many zero
+bytes: every zstd decoder steps over it, and it decompresses to nothing), so the sink
+hands the frame to the disk from the codec's memory rather than copying it into its own
+buffers (``hand_over``). The padding costs under one alignment (4 KiB) a frame of 1 MiB or
+more; other sinks (object stores, memory) get the frames without it.
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ import pyarrow as pa
 
 from de_store._threads import LazyPool
 
+from ._crc32c import crc32c
 from ._thrift import (
     BINARY,
     I16,
@@ -202,14 +214,20 @@ def _pages(column: pa.Array) -> list[tuple[int, bytes, memoryview]]:
     return pages
 
 
+#: A compressed frame or block, and its crc32c.
+_Frame = tuple[memoryview, int]
 #: A page of a column chunk: its rows, levels and values' bytes, and the frames of its
 #: compressed bytes being compressed (``None``: written uncompressed).
-_Page = tuple[int, bytes, memoryview, list[Future[memoryview]] | None]
+_Page = tuple[int, bytes, memoryview, list[Future[_Frame]] | None]
+#: The first bytes of a zstd skippable frame (little-endian; any of 0x184D2A50-5F), and the
+#: bytes before its content (the magic and a 4-byte length).
+_SKIPPABLE_MAGIC = (0x184D2A50).to_bytes(4, "little")
+_SKIPPABLE_HEAD = 8
 
 _CODEC_POOL = LazyPool(_CODEC_THREADS, "de_store-codec", nice=CODEC_NICE, apart=True)
 
 
-def _compress_frames(codec: Any, levels: bytes, body: memoryview) -> list[Future[memoryview]]:
+def _compress_frames(codec: Any, levels: bytes, body: memoryview) -> list[Future[_Frame]]:
     """The page ``levels + body`` being compressed by the codec threads: zstd's as the
     levels, then the values cut into frames of :data:`FRAME_BYTES` or more, as many as
     threads; a raw LZ4 page as one block (its pages and the next parts' are compressed
@@ -224,9 +242,10 @@ def _compress_frames(codec: Any, levels: bytes, body: memoryview) -> list[Future
     return [_CODEC_POOL.submit(_compress, codec, piece) for piece in pieces]
 
 
-def _compress(codec: Any, *pieces: bytes | memoryview) -> memoryview:
+def _compress(codec: Any, *pieces: bytes | memoryview) -> _Frame:
     """``pieces`` joined and compressed as one frame or block, in a buffer of Arrow's
-    memory pool (Arrow's codec lets go of the interpreter lock while it compresses).
+    memory pool (Arrow's codec lets go of the interpreter lock while it compresses), and
+    its crc32c, summed while the frame is in this core's cache.
 
     Every buffer comes from the pool, the compressed frame and the joined page alike: the
     pool hands the memory of the frames a save has written to its next ones. A ``bytes``
@@ -244,7 +263,18 @@ def _compress(codec: Any, *pieces: bytes | memoryview) -> memoryview:
             at += view.nbytes
     out = codec.compress(data, asbytes=False)
     # The slice: a resizable buffer's memoryview spans its capacity, not its size.
-    return memoryview(out.slice(0, out.size)).cast("B")
+    frame = memoryview(out.slice(0, out.size)).cast("B")
+    return frame, crc32c(frame)
+
+
+def _skippable(size: int) -> bytes:
+    """A zstd skippable frame of ``size`` bytes in all (at least :data:`_SKIPPABLE_HEAD`),
+    its content zeros."""
+    return (
+        _SKIPPABLE_MAGIC
+        + (size - _SKIPPABLE_HEAD).to_bytes(4, "little")
+        + bytes(size - _SKIPPABLE_HEAD)
+    )
 
 
 def _page_header(size: int, values: int, compressed: int | None = None) -> bytes:
@@ -307,6 +337,10 @@ class PlainParquetWriter:
         self._pending: list[bytes | memoryview] = []
         self._pending_bytes = 0
         self._column_meta = [self._column_meta_head(field) for field in schema]
+        # The offsets big zstd frames start at (see the module's docstring); None: anywhere.
+        self._alignment: int | None = (
+            getattr(sink, "direct_alignment", None) if compression == "zstd" else None
+        )
         # Batches being compressed ahead (:meth:`prepare`), by id: the batch and its frames.
         self._prepared: dict[int, tuple[pa.RecordBatch, list[list[_Page]]]] = {}
         # The batch written last, and the (min, max) of each of its columns with statistics.
@@ -382,10 +416,12 @@ class PlainParquetWriter:
                 self._write(body)
             else:
                 frames = [frame.result() for frame in compressing]
-                header = _page_header(size, rows * (width or 1), sum(map(len, frames)))
+                header, pads = self._compressed_page_head(size, rows * (width or 1), frames)
                 self._write(header)
-                for frame in frames:
-                    self._write(frame)
+                for pad, (frame, crc) in zip(pads, frames, strict=True):
+                    if pad:
+                        self._write(_skippable(pad))
+                    self._write_frame(frame, crc)
             uncompressed += len(header) + size
         stats = None
         if field.name in self._statistics and len(column):
@@ -394,6 +430,52 @@ class PlainParquetWriter:
             self._ranges[field.name] = (low, high)
         values = len(column) * (width or 1)
         return _Chunk(start, self._position - start, values, stats, uncompressed)
+
+    def _compressed_page_head(
+        self, size: int, values: int, frames: list[_Frame]
+    ) -> tuple[bytes, list[int]]:
+        """The header of a compressed page of ``frames``, written next, and the padding
+        before each frame (a skippable frame's bytes; 0: none) that starts each big one at
+        an offset of :attr:`_alignment`. The header holds the page's compressed size, the
+        padding included, and the padding depends on where the header ends: the two are
+        settled together (the header's length changes only where that size passes a
+        power of 128); a page where they do not settle is written without padding."""
+        body = sum(frame.nbytes for frame, _ in frames)
+        header = _page_header(size, values, body)
+        if self._alignment is None:
+            return header, [0] * len(frames)
+        for _ in range(3):
+            pads = self._pads(self._position + len(header), frames)
+            again = _page_header(size, values, body + sum(pads))
+            if len(again) == len(header):
+                return again, pads
+            header = again
+        return _page_header(size, values, body), [0] * len(frames)
+
+    def _pads(self, start: int, frames: list[_Frame]) -> list[int]:
+        """The padding before each of ``frames``, written from file offset ``start`` on."""
+        align, pads, at = self._alignment or 1, [], start
+        for frame, _ in frames:
+            pad = 0
+            if frame.nbytes >= JOIN_BYTES:
+                pad = -at % align
+                if pad and pad < _SKIPPABLE_HEAD:  # a skippable frame is no shorter
+                    pad += align
+            pads.append(pad)
+            at += pad + frame.nbytes
+        return pads
+
+    def _write_frame(self, frame: memoryview, crc: int) -> None:
+        """Write a compressed frame whose crc32c the codec thread summed: a big one on its
+        own, its crc32c combined into the sink's rather than summed again where the sink
+        takes it (``write_summed``); a small one joined with the writes around it."""
+        write_summed = getattr(self._sink, "write_summed", None)
+        if frame.nbytes < JOIN_BYTES or write_summed is None:
+            self._write(frame)
+            return
+        self._flush()
+        write_summed(frame, crc)
+        self._position += frame.nbytes
 
     def close(self) -> None:
         """Write the footer (once)."""

@@ -116,6 +116,27 @@ class ChecksummingWriter(io.RawIOBase):
         self.position += size
         return size
 
+    def write_summed(self, data: Any, crc: int) -> int:
+        """Write ``data`` whose crc32c (``crc``, from 0) the caller summed already: it is
+        combined into the sums (one :func:`crc32c_combine`) rather than summed again, and
+        ``data`` is handed over to the stream below, which may keep it until written
+        (``hand_over``): the caller does not change it afterwards."""
+        size = memoryview(data).nbytes
+        pending = self._pending
+        if pending is not None and self.position <= pending < self.position + size:
+            return self.write(data)  # a part ends inside: its two sides summed apart
+        hand_over = getattr(self._raw, "hand_over", None)
+        (self._raw.write if hand_over is None else hand_over)(data)
+        self._segment_crc = crc32c_combine(self._segment_crc, crc, size)
+        self.position += size
+        return size
+
+    @property
+    def direct_alignment(self) -> int | None:
+        """The alignment of the file offsets from which the stream below writes data it is
+        handed over (``hand_over``) straight to the disk; None where it does not."""
+        return getattr(self._raw, "direct_alignment", None)
+
     def _sum_all(self, buffer: Any, size: int) -> None:
         pending = self._pending
         if pending is not None and self.position <= pending < self.position + size:

@@ -270,6 +270,71 @@ def test_streamed_write_goes_straight_to_the_disk(
     assert backend.list() == ["f.bin"]
 
 
+def _aligned_copy(data: bytes) -> np.ndarray:
+    """``data`` at an address aligned for direct writes."""
+    out = np.frombuffer(_aligned(len(data)), np.uint8)
+    out[:] = np.frombuffer(data, np.uint8)
+    return out
+
+
+@needs_direct_io
+def test_data_handed_over_goes_to_the_disk_from_where_it_is(
+    local_location: StorageLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hand_over`` of data the writer will not change: where it starts at an aligned
+    address and the file so far ends at an aligned offset, its whole blocks go to the disk
+    from the caller's memory (the write is given that memory) and only the partial last
+    block is copied; otherwise it is copied as ``write`` copies. The file holds exactly
+    the bytes given, in order, either way."""
+    _small_direct_buffers(monkeypatch)
+    real_pwrite = os.pwrite
+    written_from: list[int] = []  # the address of each write's bytes
+
+    def recording_pwrite(fd: int, data: Any, offset: int) -> int:
+        written_from.append(np.frombuffer(data, np.uint8).ctypes.data)
+        return int(real_pwrite(fd, data, offset))
+
+    monkeypatch.setattr(os, "pwrite", recording_pwrite)
+    rng = np.random.default_rng(7)
+    head, tail = rng.bytes(4096 * 3), rng.bytes(1000)
+    frame = _aligned_copy(rng.bytes(4096 * 5 + 300))  # 5 whole blocks and a partial one
+    unaligned_frame = _aligned_copy(rng.bytes(4096 * 2 + 1))[1:]  # starts one byte past a page
+    late_frame = _aligned_copy(rng.bytes(4096 * 2))  # handed over where the file is unaligned
+    backend = local_location.open()
+    with backend.open_write("f.bin") as f:
+        f.write(head)
+        assert f.hand_over(frame) == frame.nbytes
+        f.write(tail)
+        f.hand_over(unaligned_frame)
+        f.hand_over(late_frame)
+    assert backend.read_bytes("f.bin") == (
+        head + frame.tobytes() + tail + unaligned_frame.tobytes() + late_frame.tobytes()
+    )
+    assert written_from.count(frame.ctypes.data) == 1
+    others = (unaligned_frame.ctypes.data, late_frame.ctypes.data)
+    assert not any(address in others for address in written_from)
+    assert backend.stats.bytes_written == len(head) + len(tail) + sum(
+        a.nbytes for a in (frame, unaligned_frame, late_frame)
+    )
+
+
+@needs_direct_io
+def test_a_file_written_through_the_page_cache_takes_data_handed_over_as_a_write(
+    tmp_path: Any,
+) -> None:
+    """Where direct writes are off, ``hand_over`` writes as ``write`` does, and the file
+    offers no alignment to place data at."""
+    backend = open_backend(str(tmp_path))
+    assert isinstance(backend, LocalBackend)
+    backend.direct_writes = False
+    frame = _aligned_copy(bytes(range(256)) * 64)
+    with backend.open_write("f.bin") as f:
+        assert getattr(f, "direct_alignment", None) is None
+        f.write(b"x" * 10)
+        f.hand_over(frame)
+    assert backend.read_bytes("f.bin") == b"x" * 10 + frame.tobytes()
+
+
 def _flags(fd: int) -> int:
     import fcntl
 

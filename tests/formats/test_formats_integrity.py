@@ -137,11 +137,14 @@ def test_crc32c_combine_matches_crc_of_concatenation():
         assert combined == google_crc32c.value(a + b)
 
 
-def test_checksumming_writer_sums_every_segment_and_the_whole_stream():
+@pytest.mark.parametrize("summed", [False, True], ids=["summed_here", "summed_by_the_caller"])
+def test_checksumming_writer_sums_every_segment_and_the_whole_stream(summed):
     """Writes small and large (summed in a helper thread), cuts at write boundaries and
     cuts scheduled inside a later write (the bytes before such a cut, since the last one,
     are in no segment returned, as Arrow's header): each segment's crc32c and the whole
-    stream's are those of their bytes."""
+    stream's are those of their bytes. The same where the caller gives each write's
+    crc32c (``write_summed``, as the codec threads do): combined into the sums, or the
+    bytes summed after all where a scheduled cut falls inside them."""
     import io
 
     rng = np.random.default_rng(7)
@@ -154,7 +157,11 @@ def test_checksumming_writer_sums_every_segment_and_the_whole_stream():
             ranges.append(writer.cut())
             scheduled.append(writer.position + size // 3)
             writer.cut_at(scheduled[-1])
-        writer.write(rng.bytes(size))
+        data = rng.bytes(size)
+        if summed:
+            assert writer.write_summed(data, google_crc32c.value(data)) == size
+        else:
+            writer.write(data)
         if cut == "now":
             ranges.append(writer.cut())
     ranges.append(writer.cut())

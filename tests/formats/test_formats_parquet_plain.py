@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 
+import google_crc32c
 import ml_dtypes
 import numpy as np
 import pyarrow as pa
@@ -308,6 +309,90 @@ def test_zstd_pages_in_several_frames_read_as_one_by_every_reader(tmp_path, monk
     assert same(np.array([row[1] for row in rows], np.float32), values)
     got_keys, got_values, _ = _read_back(tmp_path, info)
     assert same(got_keys, keys) and same(got_values, values)
+
+
+ZSTD_MAGIC, SKIPPABLE_MAGIC = b"\x28\xb5\x2f\xfd", b"\x50\x2a\x4d\x18"
+
+
+def _frames(data: bytes, start: int) -> list[tuple[int, int, bytes]]:
+    """``(file offset, bytes, magic)`` of each zstd frame and skippable frame of a page
+    body ``data`` at file offset ``start`` (a frame runs to the next one's magic)."""
+    cuts = sorted(
+        at
+        for magic in (ZSTD_MAGIC, SKIPPABLE_MAGIC)
+        for at in range(len(data))
+        if data.startswith(magic, at)
+    )
+    ends = [*cuts[1:], len(data)]
+    return [(start + at, end - at, data[at : at + 4]) for at, end in zip(cuts, ends, strict=True)]
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="direct writes: Linux")
+def test_big_zstd_frames_start_at_the_disks_alignment_where_written_straight_to_it(
+    tmp_path, monkeypatch
+):
+    """Written to a local file straight to the disk, each zstd frame of JOIN_BYTES or
+    more starts at an offset of the disk's alignment, after a skippable frame of zeros
+    where the bytes before it end elsewhere, so the file writes it from the codec's
+    memory; every reader steps over the padding and reads the rows the memory backend's
+    file, written without it, holds."""
+    import duckdb
+
+    from de_store.backends.local import WRITE_ALIGNMENT
+
+    monkeypatch.setattr(_plain_parquet, "JOIN_BYTES", 2048)
+    monkeypatch.setattr(_plain_parquet, "FRAME_BYTES", 8192)
+    keys, values = make_keys(3000, "int64"), make_values(3000, 16, "float32")
+    batches = [batch_from_numpy(keys, values)]
+    parquet = get_format("parquet", compression="zstd")
+    shards = {}
+    for name, backend in (
+        ("disk", open_backend(str(tmp_path))),
+        ("memory", open_backend("memory://aligned")),
+    ):
+        info = parquet.write(
+            backend, "s.parquet", batches, schema_info=SchemaInfo("emb", 16), buffer_size=1000
+        )
+        shards[name] = (backend, info, backend.read_bytes("s.parquet"))
+    body_frames = {}
+    for name, (_, _, data) in shards.items():
+        metadata = pq.ParquetFile(pa.py_buffer(data)).metadata
+        frames = []
+        for group in range(metadata.num_row_groups):
+            chunk = metadata.row_group(group).column(1)  # 1000 rows x 16 values
+            start = chunk.data_page_offset
+            page = data[start : start + chunk.total_compressed_size]
+            body = (
+                page.index(ZSTD_MAGIC)
+                if SKIPPABLE_MAGIC not in page
+                else min(page.index(ZSTD_MAGIC), page.index(SKIPPABLE_MAGIC))
+            )
+            frames += _frames(page[body:], start + body)
+        body_frames[name] = frames
+    big = [
+        (at, size)
+        for at, size, magic in body_frames["disk"]
+        if magic == ZSTD_MAGIC and size >= 2048
+    ]
+    assert len(big) >= 6  # the values of each of 3 row groups in frames of 8 KiB or more
+    assert all(at % WRITE_ALIGNMENT == 0 for at, _ in big)
+    padding = [(at, size) for at, size, magic in body_frames["disk"] if magic == SKIPPABLE_MAGIC]
+    assert padding and all(size >= 8 for _, size in padding)
+    data = shards["disk"][2]
+    for at, size in padding:  # magic, the length of what follows, then zeros
+        assert int.from_bytes(data[at + 4 : at + 8], "little") == size - 8
+        assert data[at + 8 : at + size] == bytes(size - 8)
+    assert all(magic == ZSTD_MAGIC for _, _, magic in body_frames["memory"])
+    tables = {name: pq.read_table(pa.py_buffer(data)) for name, (_, _, data) in shards.items()}
+    assert tables["disk"].equals(tables["memory"])
+    assert tables["disk"].column("key").to_numpy().tolist() == keys.tolist()
+    path = tmp_path / "s.parquet"
+    rows = duckdb.sql(f"SELECT key, value FROM read_parquet('{path}')").fetchall()
+    assert same(np.array([row[1] for row in rows], np.float32), values)
+    for backend, info, data in shards.values():  # checked against the recorded crc32c
+        assert info.files[0].crc32c == google_crc32c.value(data)
+        got_keys, got_values, _ = concat(list(parquet.read(backend, "s.parquet", expected=info)))
+        assert same(got_keys, keys) and same(got_values, values)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads' own nice: Linux")
