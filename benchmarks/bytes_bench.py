@@ -54,6 +54,13 @@ share a core (``shared_s``, at the same lower priority), a save of each in turn 
 round, the best of ``--repeat`` rounds (``_rounds_s``: every round's); the printed line
 gives how many times as fast the first ran, best over best and paired.
 
+``part_sizes``: uncompressed and zstd saves in parts of 65,536 rows (``rows_65536``) and
+in the parts de_store chooses when not told (``chosen``, about 16 MiB each:
+``chosen_rows`` rows), each of the four in turn per round, the best of ``--repeat``
+rounds (``_rounds_s``: every round's); the printed line gives each size's zstd save
+speed against its uncompressed save, best over best and paired. The variants above are
+saved in the chosen parts.
+
 Beside a training loop: ``train_step_alone_ms`` is the mean time of a training-like step
 (a ``tf.function`` of eight products of a 384 x 384 matrix, on TensorFlow's threads),
 the best of three runs of 50; for an uncompressed and a zstd async save
@@ -156,6 +163,7 @@ def phase_save(args: argparse.Namespace) -> None:
     out["zstd_levels"] = zstd_levels(values)
     out.update(plain_writes(os.path.join(args.dir, "plain"), keys, values, args.repeat))
     out["codec_cores"] = codec_cores(save, args)
+    out["part_sizes"] = part_sizes(save, args)
     out.update(beside_training(tf, de_store, variable, args))
     harness.emit(out)
 
@@ -185,6 +193,38 @@ def codec_cores(save: Any, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         _plain_parquet._CODEC_POOL = apart
     return {
+        **{f"{name}_s": min(rounds) for name, rounds in times.items()},
+        **{f"{name}_rounds_s": rounds for name, rounds in times.items()},
+    }
+
+
+#: The part sizes ``part_sizes`` compares: name -> ``buffer_size`` (None: de_store's choice).
+PART_SIZES = {"rows_65536": 65536, "chosen": None}
+
+
+def part_sizes(save: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Uncompressed and zstd saves in parts of 65,536 rows and in the parts de_store
+    chooses (``FileSystemSaver(buffer_size=None)``: about 16 MiB each), a save of each
+    in turn per round: the best of ``--repeat`` rounds and every round's time, by
+    ``{size}_{compression}``, and the rows of a chosen part (``chosen_rows``)."""
+    from de_store.formats.base import SchemaInfo, part_rows
+
+    times: dict[str, list[float]] = {
+        f"{size}_{compression}": [] for size in PART_SIZES for compression in ("none", "zstd")
+    }
+    for _ in range(args.repeat):
+        for size, buffer_size in PART_SIZES.items():
+            for compression in ("none", "zstd"):
+                url = os.path.join(args.dir, f"parts-{size}-{compression}")
+                seconds, _ = harness.timed(
+                    lambda u=url, c=compression, b=buffer_size: save(
+                        u, compression=c, buffer_size=b
+                    )
+                )
+                times[f"{size}_{compression}"].append(seconds)
+                shutil.rmtree(url)
+    return {
+        "chosen_rows": part_rows(SchemaInfo("bytes_bench", args.dim)),
         **{f"{name}_s": min(rounds) for name, rounds in times.items()},
         **{f"{name}_rounds_s": rounds for name, rounds in times.items()},
     }
@@ -470,6 +510,7 @@ def main() -> None:
         plain = {name: result.pop(name) for name in list(result) if name.startswith("plain_")}
         training = result.pop("beside_training")
         cores_ab = result.pop("codec_cores")
+        parts_ab = result.pop("part_sizes")
         for name in VARIANTS:
             result[name].update(run_phase(args, "restore", name))
     finally:
@@ -511,6 +552,14 @@ def main() -> None:
         f"{paired_speed(cores_ab['shared_rounds_s'], cores_ab['apart_rounds_s']):.2f}x)",
         flush=True,
     )
+    print("; ".join(
+        f"parts of {'65,536' if size == 'rows_65536' else format(parts_ab['chosen_rows'], ',')} "
+        f"rows: uncompressed {parts_ab[f'{size}_none_s']:.3f} s, zstd "
+        f"{parts_ab[f'{size}_zstd_s']:.3f} s (speed "
+        f"{parts_ab[f'{size}_none_s'] / parts_ab[f'{size}_zstd_s']:.2f}, paired "
+        f"{paired_speed(parts_ab[f'{size}_none_rounds_s'], parts_ab[f'{size}_zstd_rounds_s']):.2f})"
+        for size in PART_SIZES
+    ), flush=True)  # fmt: skip
     alone_ms = training["train_step_alone_ms"]
     print(f"a training-like step alone: {alone_ms:.2f} ms; beside an async save: " + "; ".join(
         f"{name} {t['train_step_beside_async_ms']:.2f} ms "
@@ -532,7 +581,8 @@ def main() -> None:
                "zstd_compress_s": compress_s, "cores": cores, "zstd_floor_save_s": floor_s,
                "zstd_compress_parallel_s": parallel_s, "zstd_parallel_speedup": speedup,
                "zstd_measured_floor_save_s": measured_floor_s, "zstd_levels": levels,
-               **plain, "codec_cores": cores_ab, "beside_training": training,
+               **plain, "codec_cores": cores_ab, "part_sizes": parts_ab,
+               "beside_training": training,
                "targets": targets,
                "targets_met": {"zstd_save_speed": targets["zstd_save_speed"] >= 0.8,
                                "bfloat16_value_bytes": targets["bfloat16_value_bytes"] <= 0.5,

@@ -51,6 +51,26 @@ __all__ = [
 
 #: Rows per part on write and at most per batch on read, unless told otherwise.
 DEFAULT_BUFFER_SIZE = 65536
+#: About the bytes of a part the saver writes when not told how many rows a part has
+#: (:func:`part_rows`).
+PART_BYTES = 16 << 20
+
+
+def part_rows(info: SchemaInfo) -> int:
+    """Rows per part of a shard of ``info`` when the writer chooses: the multiple of
+    :data:`DEFAULT_BUFFER_SIZE` rows (at least one) whose bytes (uncompressed,
+    :func:`~de_store.formats._schema.column_row_bytes`) come nearest :data:`PART_BYTES`;
+    :data:`DEFAULT_BUFFER_SIZE` for string keys, whose bytes vary.
+
+    Every part costs the writer the same work besides its bytes (its batch, pages,
+    frames and checksums, each a step of Python): parts of a few MiB (65,536 rows of a
+    16-wide float32 table, 4.5 MiB) spend a fifth of a zstd save's CPU on it, parts of
+    16 MiB a twentieth (docs/benchmarks.md, *Fewer bytes*).
+    """
+    if info.key_dtype == "string":
+        return DEFAULT_BUFFER_SIZE
+    row_bytes = sum(column_row_bytes(info))
+    return DEFAULT_BUFFER_SIZE * max(1, round(PART_BYTES / (DEFAULT_BUFFER_SIZE * row_bytes)))
 
 
 @dataclasses.dataclass(frozen=True)

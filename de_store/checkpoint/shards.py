@@ -35,7 +35,7 @@ from de_store.checkpoint.variable_rows import (
 from de_store.errors import CheckpointCorruptError
 from de_store.formats import precision as value_precisions
 from de_store.formats._shard import map_ahead
-from de_store.formats.base import ExtraColumn, SchemaInfo
+from de_store.formats.base import ExtraColumn, SchemaInfo, part_rows
 from de_store.formats.batches import batch_from_numpy
 from de_store.formats.registry import compressed_format
 
@@ -206,7 +206,7 @@ def write_shard(
     rank: int,
     global_shard: int,
     format_name: str,
-    buffer_size: int,
+    buffer_size: int | None,
     bucketed: bool = True,
     tombstone: bool = False,
     compression: str = "none",
@@ -219,6 +219,8 @@ def write_shard(
     bucket per part, so that each of several restoring processes reads only its share;
     otherwise the shard is one bucket, its rows in the order the table holds them (no
     sort and no gather: the fastest save; every restoring process reads every part).
+    ``buffer_size``: rows per part; None: :func:`~de_store.formats.base.part_rows` of
+    the shard's schema (parts of about 16 MiB).
     ``tombstone``: the rows are a delta's removed keys (a tombstone shard). Rows held on
     another task's device are brought here first (the saver writes them on that device
     when it can: :func:`de_store.saver.device_shards.write_shard`). ``compression`` (with
@@ -243,6 +245,8 @@ def write_shard(
     if rows.key_dtype == "string":
         shard = dataclasses.replace(shard, keys=_string_keys(shard.keys))
     path = stem + fmt.suffix
+    if buffer_size is None:
+        buffer_size = part_rows(info)
     part_buckets: list[int] = []
     num_buckets = choose_num_buckets(shard.rows) if bucketed else 1
     make = batch_maker(info.arrow_schema(), precision, rows.name)

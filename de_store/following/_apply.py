@@ -120,7 +120,7 @@ def _read_file(folder: Backend, record: Any, link: Link, options: IOOptions) -> 
 
 def _batches(folder: Backend, record: Any, link: Link, options: IOOptions) -> Iterator[Any]:
     parts = shards.parts_for_rank(record, 0, 1)
-    return shards.read_shard_rows(folder, record, parts, buffer_size=options.buffer_size,
+    return shards.read_shard_rows(folder, record, parts, buffer_size=options.read_batch_rows,
                                   key_dtype=link.entry.key_dtype)  # fmt: skip
 
 

@@ -47,7 +47,7 @@ from de_store.errors import (
     CheckpointError,
     SaveInterruptedError,
 )
-from de_store.formats import FORMATS
+from de_store.formats import DEFAULT_BUFFER_SIZE, FORMATS
 from de_store.formats.precision import PRECISIONS
 from de_store.formats.registry import compressed_format
 from de_store.progress import Progress, progress_for
@@ -74,7 +74,9 @@ class IOOptions:
     Attributes
     ----------
     format: shard format name: "parquet" (default), "arrow" or "binary".
-    buffer_size: rows per part on write and most rows per batch on read.
+    buffer_size: rows per part on write and most rows per batch on read; None (default):
+        parts of about 16 MiB (``de_store.formats.base.part_rows``: 262,144 rows of a
+        16-wide float32 table) and batches of at most 65,536 rows (``read_batch_rows``).
     barrier_timeout_s: how long ranks wait for each other before failing.
     retry: how failed storage steps (one shard file, a manifest, the commit, one read)
         are retried; ``RetryPolicy(attempts=1)`` disables retries.
@@ -91,7 +93,7 @@ class IOOptions:
     """
 
     format: str = "parquet"
-    buffer_size: int = 65536
+    buffer_size: int | None = None
     barrier_timeout_s: float = 600.0
     retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
     progress: bool = False
@@ -109,14 +111,21 @@ class IOOptions:
         if self.value_precision not in (None, *PRECISIONS):
             raise ValueError(f"value_precision must be one of {['float32', *PRECISIONS]}, "
                              f"got {self.value_precision!r}")  # fmt: skip
-        if not isinstance(self.buffer_size, int) or self.buffer_size < 1:
-            raise ValueError(f"buffer_size must be an int >= 1, got {self.buffer_size!r}")
+        if self.buffer_size is not None and (
+            not isinstance(self.buffer_size, int) or self.buffer_size < 1
+        ):
+            raise ValueError(f"buffer_size must be an int >= 1 or None, got {self.buffer_size!r}")
         if not self.barrier_timeout_s > 0:
             raise ValueError(f"barrier_timeout_s must be > 0, got {self.barrier_timeout_s!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise ValueError(f"retry must be a RetryPolicy, got {self.retry!r}")
         if self.bucketed not in (None, True, False):
             raise ValueError(f"bucketed must be True, False or None, got {self.bucketed!r}")
+
+    @property
+    def read_batch_rows(self) -> int:
+        """The most rows per batch a restore reads: ``buffer_size``, or 65,536."""
+        return self.buffer_size or DEFAULT_BUFFER_SIZE
 
     def encoding(self) -> dict[str, Any]:
         """How shards are encoded: ``compression``, ``compression_level`` and

@@ -123,7 +123,7 @@ def _stream(
     at, _, entry = variable.chain[0]
     if load_while_reading(variable.variable, plan.where.backend.sub(at), entry,
                           variable.full_rows, variable.shares, ready=ready,
-                          buffer_size=plan.options.buffer_size, bar=bar):  # fmt: skip
+                          buffer_size=plan.options.read_batch_rows, bar=bar):  # fmt: skip
         rows.streamed, rows.loaded = True, variable.rows
         return True
     rows.links = _read_chain(plan, variable.chain, bar)
@@ -216,7 +216,7 @@ def _read_parts(
         folder,
         record,
         parts,
-        buffer_size=options.buffer_size,
+        buffer_size=options.read_batch_rows,
         key_dtype=key_dtype,
         proc_rank=topology.proc_rank,
         proc_size=topology.proc_size,

@@ -60,7 +60,7 @@ def test_restore_into_an_incompatible_variable(
     ("options", "message"),
     [
         ({"format": "csv"}, r"format 'csv' is not one of"),
-        ({"buffer_size": -1}, r"buffer_size must be an int >= 1, got -1"),
+        ({"buffer_size": -1}, r"buffer_size must be an int >= 1 or None, got -1"),
         ({"proc_size": 2, "proc_rank": 2}, r"proc_rank must be an int in \[0, proc_size=2\)"),
         ({"barrier_timeout_s": 0}, r"barrier_timeout_s must be > 0"),
         ({"job_id": ""}, r"job_id must be a non-empty string"),

@@ -197,7 +197,7 @@ def test_explicit_save_path_and_formats(tmp_path: Path) -> None:
 
 
 def test_saver_rejects_bad_options() -> None:
-    with pytest.raises(ValueError, match="buffer_size must be an int >= 1, got -5"):
+    with pytest.raises(ValueError, match="buffer_size must be an int >= 1 or None, got -5"):
         ds.FileSystemSaver(buffer_size=-5)
     with pytest.raises(ValueError, match="format 'csv' is not one of"):
         ds.FileSystemSaver(format="csv")

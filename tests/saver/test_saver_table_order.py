@@ -48,6 +48,32 @@ def test_rows_are_written_as_the_row_store_holds_them(tmp_path: Path) -> None:
     assert content(restored) == content(var)
 
 
+@pytest.mark.parametrize(
+    ("dim", "buffer_size", "parts"),
+    [(16, None, [262_144, 37_856]), (64, None, [65_536] * 4 + [37_856]),
+     (16, 100_000, [100_000] * 3)],
+    ids=["16_wide", "64_wide", "told"],
+)  # fmt: skip
+def test_parts_hold_about_16_mib_unless_told_how_many_rows(
+    tmp_path: Path, dim: int, buffer_size: int | None, parts: list[int]
+) -> None:
+    """Without ``buffer_size`` a part holds the multiple of 65,536 rows nearest 16 MiB of
+    its columns (a row of 16 float32 values and its int64 key: 72 bytes, so 262,144
+    rows; 64 wide: 264 bytes, 65,536); with it, that many rows. A restore reads them all."""
+    keys = np.arange(300_000, dtype=np.int64) * 7
+    values = np.repeat(keys[:, None] % 1000, dim, 1).astype(np.float32)
+    var = make_variable("emb", ds.FileSystemSaver(buffer_size=buffer_size), dim=dim)
+    var.upsert(keys, values)
+    prefix = tf.train.Checkpoint(emb=var).write(str(tmp_path / "ckpt"))
+
+    (record,) = _records(tmp_path / "de_store" / "ckpt")
+    metadata = pq.ParquetFile(tmp_path / "de_store" / "ckpt" / record["info"]["path"]).metadata
+    assert [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)] == parts
+    restored = make_variable("emb", ds.FileSystemSaver(), dim=dim, shards=2)
+    tf.train.Checkpoint(emb=restored).read(prefix).assert_consumed()
+    assert content(restored) == content(var)
+
+
 def test_freed_rows_are_left_out(tmp_path: Path) -> None:
     """Removed keys free their rows: the store has holes, and only live rows are written."""
     var = make_variable("emb", ds.FileSystemSaver())
