@@ -251,7 +251,7 @@ def _compress(codec: Any, *pieces: bytes | memoryview) -> _Frame:
     pool hands the memory of the frames a save has written to its next ones. A ``bytes``
     a frame comes from malloc, which hands freed blocks of this size back to the system,
     so each frame was written into pages new to the process, and first touches cost
-    more than the copy (docs/benchmarks.md, *Fewer bytes*).
+    more than copying the frame (docs/benchmarks.md, *Fewer bytes*).
     """
     data: Any = pieces[0]
     if len(pieces) > 1:
