@@ -43,8 +43,8 @@ zstd frame of :data:`JOIN_BYTES` or more starts at an offset of that alignment, 
 zstd *skippable frame* of padding where needed (a magic number, a length, that many zero
 bytes: every zstd decoder steps over it, and it decompresses to nothing), so the sink
 hands the frame to the disk from the codec's memory rather than copying it into its own
-buffers (``hand_over``). The padding costs under one alignment (4 KiB) a frame of 1 MiB or
-more; other sinks (object stores, memory) get the frames without it.
+buffers (``hand_over``). The padding costs at most one alignment (4 KiB) and 7 bytes a
+frame of 1 MiB or more; other sinks (object stores, memory) get the frames without it.
 """
 
 from __future__ import annotations
@@ -438,8 +438,9 @@ class PlainParquetWriter:
         before each frame (a skippable frame's bytes; 0: none) that starts each big one at
         an offset of :attr:`_alignment`. The header holds the page's compressed size, the
         padding included, and the padding depends on where the header ends: the two are
-        settled together (the header's length changes only where that size passes a
-        power of 128); a page where they do not settle is written without padding."""
+        settled together (the header's length changes only where that size's varint
+        takes one byte more); a page where they do not settle is written without
+        padding."""
         body = sum(frame.nbytes for frame, _ in frames)
         header = _page_header(size, values, body)
         if self._alignment is None:
