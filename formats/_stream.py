@@ -24,11 +24,6 @@ _POLY = 0x82F63B78  # crc32c polynomial, bit-reversed
 _X2N = [1 << 30]  # x^(2^k) mod p for k = 0..31, bit-reversed (bit 31 is x^0)
 
 
-def crc32c_extend(crc: int, data: Any) -> int:
-    """crc32c of the bytes already summed into ``crc`` followed by ``data`` (any buffer)."""
-    return crc32c(data, crc)
-
-
 def _multiply(a: int, b: int) -> int:
     """a(x) * b(x) modulo the crc32c polynomial, both bit-reversed."""
     product, mask = 0, 1 << 31
@@ -148,7 +143,7 @@ class ChecksummingWriter(io.RawIOBase):
             self._sum(buffer)
 
     def _sum(self, chunk: Any) -> None:
-        self._segment_crc = crc32c_extend(self._segment_crc, chunk)
+        self._segment_crc = crc32c(chunk, self._segment_crc)
 
     def _start_segment(self) -> None:
         self._end_segment(self.position if self._pending is None else self._pending)
@@ -195,7 +190,7 @@ def check_read(where: str, expected: int, found: int) -> None:
 
 def check_crc(where: str, what: str, expected: int, data: Any) -> None:
     """Raise ChecksumError naming ``where`` when ``crc32c(data) != expected``."""
-    found = crc32c_extend(0, data)
+    found = crc32c(data)
     if found != expected:
         raise ChecksumError(
             f"crc32c mismatch in {what} of {where}: expected {expected:#010x}, found {found:#010x}"
@@ -218,14 +213,14 @@ def check_frame(
     ``head`` is the file's content before the first range, ``tail`` after the last one; the
     ranges must tile the space between them.
     """
-    crc = crc32c_extend(0, head)
+    crc = crc32c(head)
     position = len(head)
     for r in ranges:
         if r.offset != position:
             raise FormatError(f"parts recorded for {where} do not tile the file at byte {position}")
         crc = crc32c_combine(crc, r.crc32c, r.length)
         position = r.end
-    crc = crc32c_extend(crc, tail)
+    crc = crc32c(tail, crc)
     if crc != file.crc32c:
         raise ChecksumError(
             f"crc32c mismatch in {where}: expected {file.crc32c:#010x}, found {crc:#010x} "
