@@ -71,10 +71,8 @@ from ._thrift import (
     I64,
     LIST,
     STRUCT,
-    ThriftError,
     binary,
     list_,
-    read_struct,
     struct,
     varint,
     zigzag,
@@ -111,9 +109,6 @@ CODEC_NICE = 10
 CODECS = {"none": 0, "zstd": 6, "lz4": 7}
 #: Arrow's codec of each of ``CODECS``.
 _ARROW_CODECS = {"zstd": "zstd", "lz4": "lz4_raw"}
-#: A column chunk's codec as pyarrow names it (LZ4_RAW: "LZ4") -> Arrow's codec that
-#: decodes its pages.
-_CODEC_NAMES = {"UNCOMPRESSED": "none", "ZSTD": "zstd", "LZ4": "lz4_raw"}
 
 
 def supports(schema: pa.Schema) -> bool:
@@ -341,6 +336,8 @@ class PlainParquetWriter:
         self._alignment: int | None = (
             getattr(sink, "direct_alignment", None) if compression == "zstd" else None
         )
+        # How the sink takes a frame with its crc32c (``write_summed``); None: it does not.
+        self._write_summed = getattr(sink, "write_summed", None)
         # Batches being compressed ahead (:meth:`prepare`), by id: the batch and its frames.
         self._prepared: dict[int, tuple[pa.RecordBatch, list[list[_Page]]]] = {}
         # The batch written last, and the (min, max) of each of its columns with statistics.
@@ -470,12 +467,11 @@ class PlainParquetWriter:
         """Write a compressed frame whose crc32c the codec thread summed: a big one on its
         own, its crc32c combined into the sink's rather than summed again where the sink
         takes it (``write_summed``); a small one joined with the writes around it."""
-        write_summed = getattr(self._sink, "write_summed", None)
-        if frame.nbytes < JOIN_BYTES or write_summed is None:
+        if frame.nbytes < JOIN_BYTES or self._write_summed is None:
             self._write(frame)
             return
         self._flush()
-        write_summed(frame, crc)
+        self._write_summed(frame, crc)
         self._position += frame.nbytes
 
     def close(self) -> None:
@@ -581,76 +577,3 @@ class PlainParquetWriter:
             (6, I64, zigzag(size)),
             (7, I16, zigzag(index)),  # ordinal
         )
-
-
-# -- reading ---------------------------------------------------------------------------
-class NotPlain(Exception):
-    """A row group this reader does not decode (Arrow's reader does it instead)."""
-
-
-def written_here(metadata: Any) -> bool:
-    """Whether a Parquet footer (``pyarrow.parquet.FileMetaData``) is this writer's."""
-    return bool(metadata.created_by == CREATED_BY.decode())
-
-
-def decode_row_group(
-    data: pa.Buffer, offset: int, metadata: Any, index: int, schema: pa.Schema
-) -> pa.RecordBatch:
-    """Row group ``index`` of a file this writer wrote, from its bytes ``data`` (which start
-    at file offset ``offset``), as a batch of ``schema``'s columns, without copying.
-
-    Each column chunk must be one PLAIN page with the levels this writer writes;
-    :class:`NotPlain` otherwise.
-    """
-    group = metadata.row_group(index)
-    rows = group.num_rows
-    names = [group.column(j).path_in_schema.split(".")[0] for j in range(group.num_columns)]
-    arrays = []
-    for field in schema:
-        if field.name not in names:
-            raise NotPlain(field.name)
-        chunk = group.column(names.index(field.name))
-        start = chunk.data_page_offset - offset
-        codec = _CODEC_NAMES.get(chunk.compression)
-        if codec is None or start < 0:
-            raise NotPlain(field.name)
-        body = _page_body(data, start, chunk.total_compressed_size, codec)
-        arrays.append(_column(field.type, body, rows))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-def _column(type_: pa.DataType, body: pa.Buffer, rows: int) -> pa.Array:
-    if not pa.types.is_fixed_size_list(type_):
-        if body.size != rows * type_.bit_width // 8:
-            raise NotPlain("size")
-        return pa.Array.from_buffers(type_, rows, [None, body])
-    width, leaf = type_.list_size, type_.value_type
-    levels = _levels(rows, width)
-    if body.size != len(levels) + rows * width * leaf.bit_width // 8:
-        raise NotPlain("size")
-    if body.slice(0, len(levels)) != pa.py_buffer(levels):
-        raise NotPlain("levels")
-    flat = pa.Array.from_buffers(leaf, rows * width, [None, body.slice(len(levels))])
-    return pa.FixedSizeListArray.from_arrays(flat, type=type_)
-
-
-def _page_body(data: pa.Buffer, start: int, chunk_size: int, codec: str = "none") -> pa.Buffer:
-    """The body of the one data page making up a column chunk at ``start``, decompressed
-    with ``codec``."""
-    header = memoryview(data).cast("B")[start : start + min(chunk_size, 256)]
-    try:
-        fields, end = read_struct(header, 0)
-    except ThriftError as err:
-        raise NotPlain(f"page header: {err}") from err
-    plain_size, size = fields.get(2), fields.get(3)
-    if fields.get(1) != _DATA_PAGE or (codec == "none" and plain_size != size):
-        raise NotPlain("page type or compression")
-    page = fields.get(5)
-    if not isinstance(size, int) or end + size != chunk_size or not isinstance(page, dict):
-        raise NotPlain("one page a chunk")
-    if page.get(2) != _PLAIN or not isinstance(plain_size, int):
-        raise NotPlain("encoding")
-    body = data.slice(start + end, size)
-    if codec == "none":
-        return body
-    return pa.Codec(codec).decompress(body, decompressed_size=plain_size)

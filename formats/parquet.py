@@ -26,13 +26,8 @@ from de_store.backends.location import Location
 from de_store.errors import FormatError
 
 from ._plain_parquet import CODECS as PLAIN_CODECS
-from ._plain_parquet import (
-    NotPlain,
-    PlainParquetWriter,
-    decode_row_group,
-    supports,
-    written_here,
-)
+from ._plain_parquet import PlainParquetWriter, supports
+from ._plain_parquet_read import NotPlain, decode_row_group, written_here
 from ._shard import (
     PartReader,
     check_columns,
