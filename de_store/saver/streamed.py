@@ -5,6 +5,9 @@ damaged checkpoint leaves the variable as it was. For a variable that holds noth
 (what a fresh process restores into), "as it was" is empty: its rows can be loaded as
 they arrive, and a failure empties it again. The reading then overlaps the loading, and
 the read buffers are reused instead of the whole shard being held in new memory at once.
+The reading thread also makes the load batches (the parts' rows joined, or split by table
+shard), so that the loading thread only loads: at 10M x 16 the joins copy 720 MB, which
+the loads would otherwise wait for.
 
 A restore's plan takes this path where the rows read are exactly the rows loaded: one
 process (``proc_size == 1``), a variable whose tables and companions are all empty
@@ -24,10 +27,10 @@ from typing import Any, TypeVar
 from de_store.backends.base import Backend
 from de_store.checkpoint import shards
 from de_store.checkpoint.manifest import VariableEntry
-from de_store.checkpoint.variable_rows import ShardRows
+from de_store.checkpoint.variable_rows import ShardRows, even_batches
 from de_store.formats._shard import map_ahead
 from de_store.progress import Progress
-from de_store.saver.rows import ByShard, apply_rows, routes_by_hash, shard_batches
+from de_store.saver.rows import ByShard, apply_rows, load_rows, routes_by_hash, shard_batches
 
 T = TypeVar("T")
 
@@ -67,8 +70,8 @@ def load_while_reading(
     if routes_by_hash(variable):  # split and regrouped by table shard in the reading thread
         ahead = _read_ahead(shard_batches(read, variable, shares), _pair_bytes)
         source = ByShard(_counted(ahead, bar, lambda pair: pair[1].rows))
-    else:
-        ahead = _read_ahead(read, rows_bytes)
+    else:  # regrouped into the load batches in the reading thread
+        ahead = _read_ahead(even_batches(read, rows, load_rows(variable)), rows_bytes)
         source = _counted(ahead, bar, lambda batch: batch.rows)
     try:
         ready()
