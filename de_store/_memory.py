@@ -39,7 +39,13 @@ import numpy as np
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["buffer_address", "cpu_bytes_in_use", "release_free_chunks", "release_freed_memory"]
+__all__ = [
+    "buffer_address",
+    "collapse_huge_pages",
+    "cpu_bytes_in_use",
+    "release_free_chunks",
+    "release_freed_memory",
+]
 
 #: Free chunks smaller than this keep their pages: they serve a training step's own
 #: temporaries, and handing back a few MiB is not worth the faults of their next use.
@@ -48,6 +54,9 @@ MIN_RELEASE_BYTES = 16 << 20
 #: serves the fallback chunk).
 MAX_PROBES = 256
 _MADV_DONTNEED = 4
+_MADV_COLLAPSE = 25  # Linux 6.1 and later
+#: A transparent huge page (x86-64, and arm64 with 4 KiB pages).
+HUGE_PAGE = 2 << 20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -111,6 +120,30 @@ def buffer_address(tensor: tf.Tensor) -> int:
     assert calls is not None
     capsule = tf.experimental.dlpack.to_dlpack(tensor)
     return int(ctypes.c_void_p.from_address(calls[1](capsule, b"dltensor")).value or 0)
+
+
+def collapse_huge_pages(tensor: tf.Tensor) -> int:
+    """Back the whole 2 MiB spans of a CPU tensor's buffer, every page of which has been
+    written, with transparent huge pages (``madvise(MADV_COLLAPSE)``, Linux 6.1 and
+    later); return the bytes now on huge pages (0 where the kernel refused or cannot).
+
+    The contents do not change, and no page is added (the spans lie inside the buffer,
+    all of whose pages are resident): the kernel copies each span's pages into one huge
+    page, which a TLB entry covers whole. A table's index is read at random: 256 MiB of
+    it on 4 KiB pages cost a TLB miss on almost every probe (docs/architecture.md,
+    *Huge pages for the index*).
+    """
+    calls = _page_calls()
+    if calls is None:
+        return 0
+    import tensorflow as tf
+
+    size = int(tf.size(tensor)) * tensor.dtype.size
+    start = buffer_address(tensor)
+    first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, (start + size) // HUGE_PAGE * HUGE_PAGE
+    if last <= first or calls[0].madvise(first, last - first, _MADV_COLLAPSE) != 0:
+        return 0
+    return last - first
 
 
 def release_free_chunks(freed: list[tuple[int, int]], live: list[tuple[int, int]]) -> int:

@@ -28,6 +28,19 @@ address = _memory.buffer_address
 def resident_bytes(start, size):
     first, last = _memory.whole_pages(start, size)
     return _memory.resident_bytes(first, last - first)
+
+def huge_bytes_around(start):
+    # AnonHugePages of the mapping holding ``start`` (/proc/self/smaps, in kB)
+    found = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(x, 16) for x in head.split("-"))
+                found = low <= start < high
+            elif found and head == "AnonHugePages:":
+                return int(line.split()[1]) * 1024
+    return 0
 """
 
 
@@ -142,3 +155,75 @@ def test_with_the_system_allocator_nothing_is_counted_and_nothing_taken():
         TF_ONEDNN_USE_SYSTEM_ALLOCATOR="1",
     )
     assert out["in_use"] is None
+
+
+# --- huge pages for a table's index ---------------------------------------------------------
+
+
+def _huge_pages_possible() -> bool:
+    """Whether this kernel collapses memory into huge pages on request (Linux 6.1 and
+    later, transparent huge pages not switched off)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
+            if "[never]" in setting.read():
+                return False
+    except OSError:
+        return False
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return (major, minor) >= (6, 1)
+
+
+needs_huge_pages = pytest.mark.skipif(
+    not _huge_pages_possible(), reason="needs MADV_COLLAPSE (Linux 6.1+, THP not 'never')"
+)
+
+
+@needs_huge_pages
+def test_a_written_buffer_goes_on_huge_pages_with_its_bytes_unchanged():
+    out = run_child(
+        """
+        values = tf.range(6 << 20, dtype=tf.int64) * 3  # 48 MiB, every page written
+        expected = values.numpy().copy()
+        start, size = address(values), 48 << 20
+        spans = ((start + size) // (2 << 20) - -(-start // (2 << 20))) * (2 << 20)
+        before = resident_bytes(start, size)
+        collapsed = _memory.collapse_huge_pages(values)
+        print(json.dumps({
+            "spans": spans, "collapsed": collapsed, "huge": huge_bytes_around(start),
+            "resident": resident_bytes(start, size), "before": before,
+            "intact": bool(np.array_equal(values.numpy(), expected)),
+        }))
+        """
+    )
+    assert out["collapsed"] == out["spans"] >= 44 * MIB
+    assert out["huge"] >= out["collapsed"]
+    assert out["resident"] == out["before"] >= 47 * MIB  # no page added, none lost
+    assert out["intact"]
+
+
+@needs_huge_pages
+def test_a_table_reserved_for_millions_of_keys_has_its_index_on_huge_pages():
+    out = run_child(
+        """
+        from de_store.tables import HashTable
+        from de_store.tables.hash_table import HUGE_INDEX_MIN_KEYS
+        def rows(keys):
+            return tf.cast(tf.tile(keys[:, None], [1, 4]), tf.float32) * 0.5
+        table = HashTable(tf.int64, tf.float32, 4, name="big")
+        table.reserve(HUGE_INDEX_MIN_KEYS)
+        index = read_shared(table.index)
+        start, size = address(index), int(tf.size(index)) * 8
+        del index
+        keys = tf.range(HUGE_INDEX_MIN_KEYS, dtype=tf.int64) * 7919
+        table.insert(keys, rows(keys))
+        found, exists = table.lookup(keys)
+        print(json.dumps({
+            "index": size, "huge": huge_bytes_around(start),
+            "all_found": bool(tf.reduce_all(exists)),
+            "rows_equal": bool(tf.reduce_all(found == rows(keys))),
+        }))
+        """
+    )
+    assert out["index"] >= 64 * MIB
+    assert out["huge"] >= out["index"] - 4 * MIB
+    assert out["all_found"] and out["rows_equal"]

@@ -14,11 +14,17 @@ def in_remote_scope() -> bool:
     process (False without one, and in a graph)."""
     if not tf.executing_eagerly():
         return False
-    device = tf.DeviceSpec.from_string(context.context().device_name or "")
-    if device.job is None:
-        return False
+    return not on_this_task(context.context().device_name or "")
+
+
+def on_this_task(device: str) -> bool:
+    """Whether ``device`` (a device name, job and task where given) belongs to this
+    process's job and task (True where it names neither)."""
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.job is None:
+        return True
     local = tf.DeviceSpec.from_string(context.context().host_address_space())
-    return (device.job, device.task or 0) != (local.job, local.task or 0)
+    return (spec.job, spec.task or 0) == (local.job, local.task or 0)
 
 
 def fixed_variable(name: str, initial: tf.Tensor) -> tf.Variable:

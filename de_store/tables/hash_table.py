@@ -108,6 +108,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from de_store._memory import collapse_huge_pages
 from de_store.errors import RepeatedKeysError
 from de_store.tables import (
     _change_tracking,
@@ -128,6 +129,9 @@ from de_store.tables.base import TableCore, TableSnapshot
 _KEY_DTYPES = (tf.int64, tf.int32)
 EMPTY = _index.EMPTY
 DELETED = _index.DELETED
+#: Keys from which ``reserve`` puts a table's index on huge pages (a CPU table, eagerly):
+#: an index of 64 MiB and more, well past what the TLB covers in 4 KiB pages.
+HUGE_INDEX_MIN_KEYS = 1 << 21
 
 
 class HashTable(TableCore):
@@ -336,6 +340,23 @@ class HashTable(TableCore):
                 self._growth.make_room(count, removals=count)
             else:
                 self._run("prepare", tf.constant(count, tf.int64))
+            self._index_on_huge_pages(count)
+
+    def _index_on_huge_pages(self, count: int) -> None:
+        """After ``reserve`` made room for ``count`` keys, from :data:`HUGE_INDEX_MIN_KEYS`:
+        the index of a table in this process's memory, every slot of which its growth
+        wrote, on huge pages (:func:`~de_store._memory.collapse_huge_pages`). Each key a
+        bulk load places or a lookup finds reads a slot at random; on 4 KiB pages nearly
+        every such read of a big index also misses the TLB (docs/architecture.md, *Huge
+        pages for the index*)."""
+        if (
+            count >= HUGE_INDEX_MIN_KEYS
+            and self._on_host
+            and self._growth is None
+            and tf.executing_eagerly()
+            and _placement.on_this_task(self._device)
+        ):
+            collapse_huge_pages(_variables.read_shared(self.index))
 
     def compile_load(self, count: int, room_for: int = 0) -> None:
         """Start XLA compiling, in the background, what a bulk load of ``count`` keys runs
