@@ -13,6 +13,7 @@ Variables.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -216,6 +217,7 @@ class EvenBatches:
         self._pending: list[ShardRows] = []
         self._held = 0
         self._wanted = next(self._sizes)
+        self._buffers = ReusedBuffers()
 
     def add(self, batch: ShardRows) -> list[ShardRows]:
         done = []
@@ -225,13 +227,13 @@ class EvenBatches:
             self._pending.append(_slice(batch, start, start + take))
             self._held, start = self._held + take, start + take
             if self._held == self._wanted:
-                done.append(_concat(self._pending))
+                done.append(_concat(self._pending, self._buffers.empty))
                 self._pending, self._held = [], 0
                 self._wanted = next(self._sizes, self._most)
         return done
 
     def finish(self) -> list[ShardRows]:
-        done = [_concat(self._pending)] if self._pending else []
+        done = [_concat(self._pending, self._buffers.empty)] if self._pending else []
         self._pending, self._held = [], 0
         return done
 
@@ -255,19 +257,63 @@ def _slice(batch: ShardRows, start: int, end: int) -> ShardRows:
     return ShardRows(batch.keys[start:end], columns)
 
 
-def _concat(batches: list[ShardRows]) -> ShardRows:
+def _concat(batches: list[ShardRows], empty: Callable[..., np.ndarray] | None = None) -> ShardRows:
     if len(batches) == 1:
         return batches[0]
-    keys = _aligned_concat([b.keys for b in batches])
-    columns = {n: _aligned_concat([b.columns[n] for b in batches]) for n in batches[0].columns}
+    empty = empty or aligned_empty
+    keys = _aligned_concat([b.keys for b in batches], empty)
+    columns = {
+        n: _aligned_concat([b.columns[n] for b in batches], empty) for n in batches[0].columns
+    }
     return ShardRows(keys, columns)
 
 
-def _aligned_concat(arrays: list[np.ndarray]) -> np.ndarray:
-    """``numpy.concatenate`` into a buffer aligned to :data:`TF_ALIGNMENT` bytes, so that
-    TensorFlow can take it over without a copy (see ``rows.to_tensor``)."""
-    out = aligned_empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
+def _aligned_concat(arrays: list[np.ndarray], empty: Callable[..., np.ndarray]) -> np.ndarray:
+    """``numpy.concatenate`` into a buffer aligned to :data:`TF_ALIGNMENT` bytes (from
+    ``empty``, :func:`aligned_empty` or :meth:`ReusedBuffers.empty`), so that TensorFlow
+    can take it over without a copy (see ``rows.to_tensor``)."""
+    out = empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
     return np.concatenate(arrays, out=out)
+
+
+class ReusedBuffers:
+    """:func:`aligned_empty` that hands out again a buffer it made once nothing else holds
+    it, rather than new memory each time.
+
+    A restore joins its parts into load batches of up to 16 MiB of values
+    (:class:`EvenBatches`), each loaded, then dropped. New memory costs its first touch
+    (docs/benchmarks.md, *Memory state*), and glibc gives buffers this big back to the
+    system when they are freed: every batch would pay it again. A buffer is free when no
+    array made from it is alive anywhere (a batch still queued, a tensor TensorFlow took
+    over through DLPack: each holds it), which its reference count tells; the smallest
+    free one that fits is taken, unless it is more than twice the size asked for. At most
+    :attr:`MOST` buffers are kept; beyond them new ones are made and not kept.
+    """
+
+    MOST = 64
+
+    def __init__(self) -> None:
+        self._buffers: list[np.ndarray] = []
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        if dtype.kind == "O":
+            return np.empty(shape, dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        wanted = nbytes + TF_ALIGNMENT
+        free = [b for b in self._buffers if _free(b, wanted)]
+        raw = min(free, key=len, default=None)
+        if raw is None or len(raw) > 2 * wanted:
+            raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)
+            if len(self._buffers) < self.MOST:
+                self._buffers.append(raw)
+        return _aligned_view(raw, shape, dtype, nbytes)
+
+
+def _free(buffer: np.ndarray, nbytes: int) -> bool:
+    """Whether ``buffer`` holds ``nbytes`` and nothing but its :class:`ReusedBuffers`
+    holds it (references: that list, the comprehension's name, this call's argument, and
+    ``getrefcount``'s own)."""
+    return buffer.nbytes >= nbytes and sys.getrefcount(buffer) <= 4
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -276,7 +322,12 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if dtype.kind == "O":
         return np.empty(shape, dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)
+    return _aligned_view(np.empty(nbytes + TF_ALIGNMENT, np.uint8), shape, dtype, nbytes)
+
+
+def _aligned_view(
+    raw: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, nbytes: int
+) -> np.ndarray:
     start = -raw.ctypes.data % TF_ALIGNMENT
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 

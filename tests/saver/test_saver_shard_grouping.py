@@ -8,6 +8,7 @@ split or reorder a bucket. The record's shard info is exactly what the format re
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -162,6 +163,37 @@ def test_restored_rows_are_loaded_in_batches_of_even_size() -> None:
     for batch in got:
         np.testing.assert_array_equal(batch.columns[VALUE_COLUMN][:, 0], batch.keys * 10.0)
     assert [b.rows for b in even_batches(parts, 17, 100)] == [17]
+
+
+def test_load_batches_reuse_the_memory_of_batches_no_longer_held() -> None:
+    """Each joined batch is new memory only while the ones before are still held: one
+    dropped lends its buffers to the next, and a batch still held, or taken over by
+    TensorFlow without a copy, keeps its buffers and its rows."""
+    from de_store.saver.rows import to_tensor
+
+    parts = []
+    for start in range(0, 60, 3):
+        keys = np.arange(start, start + 3, dtype=np.int64)
+        parts.append(ShardRows(keys, {VALUE_COLUMN: keys[:, None] * np.ones((1, 4))}))
+    batches = even_batches(parts, 60, 6)  # each batch joins two parts
+    first = next(batches)
+    first_keys = weakref.ref(first.keys.base)
+    held = next(batches)
+    held_values = weakref.ref(held.columns[VALUE_COLUMN].base)
+    tensor = to_tensor(held.columns[VALUE_COLUMN])  # taken over without a copy
+    del first
+    third = next(batches)
+    assert third.keys.base is first_keys()  # the dropped batch's buffer, again
+    del held
+    rest = list(batches)
+    assert all(b.columns[VALUE_COLUMN].base is not held_values() for b in [third, *rest])
+    np.testing.assert_array_equal(tensor.numpy()[:, 0], np.arange(6, 12))
+    np.testing.assert_array_equal(
+        np.concatenate([b.keys for b in [third, *rest]]), np.arange(12, 60)
+    )
+    for batch in [third, *rest]:
+        np.testing.assert_array_equal(batch.columns[VALUE_COLUMN][:, 0], batch.keys)
+        assert batch.keys.ctypes.data % 64 == 0
 
 
 @pytest.mark.parametrize("key_dtype", ["int64", "string"])
