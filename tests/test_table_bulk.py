@@ -11,7 +11,16 @@ import pytest
 import tensorflow as tf
 
 from de_store.errors import RepeatedKeysError
-from de_store.tables import HashTable, _capacity, _claim_loop, _index, _kernels, _table_ops, _xla
+from de_store.tables import (
+    HashTable,
+    _capacity,
+    _claim_loop,
+    _index,
+    _kernels,
+    _probing,
+    _table_ops,
+    _xla,
+)
 
 BULK = _kernels.OP_BY_OP_MIN_KEYS
 
@@ -124,6 +133,38 @@ def test_a_bulk_load_restores_every_row_and_refuses_repeated_keys():
     again = HashTable(tf.int64, tf.float32, 3, name="again")
     with pytest.raises(RepeatedKeysError, match="'again'"):
         again.load_distinct(tf.constant(repeated), tf.zeros([repeated.size, 3]))
+
+
+def test_a_bulk_load_near_the_load_limit_races_again_for_the_keys_its_first_race_left(
+    monkeypatch,
+):
+    _every_bulk_call_op_by_op(monkeypatch)  # place runs eagerly: each branch taken is seen
+    left = []
+    race_again = _probing.ProbeOps._race_again
+
+    def counted(self, keys, rows, start):
+        left.append(int(tf.size(keys)))
+        return race_again(self, keys, rows, start)
+
+    monkeypatch.setattr(_probing.ProbeOps, "_race_again", counted)
+    rng = np.random.default_rng(5)
+    keys = rng.choice(10**12, 380_000, replace=False)  # 0.72 of the capacity reserved
+    values = rng.normal(size=(keys.size, 3)).astype(np.float32)
+    table = HashTable(tf.int64, tf.float32, 3, name="near_limit")
+    table.reserve(keys.size)
+    table.load_distinct(tf.constant(keys), tf.constant(values))
+    assert left and left[0] >= _index.COMPILED_MIN_KEYS
+    found, exists = table.lookup(tf.constant(keys))  # through the index
+    assert bool(tf.reduce_all(exists))
+    np.testing.assert_array_equal(found.numpy(), values)
+    _check(table, dict(zip(keys.tolist(), values, strict=True)))
+    # keys repeated at the end of the batch, where the first race leaves most keys
+    repeated = np.concatenate([keys, keys[-5:]])
+    again = HashTable(tf.int64, tf.float32, 3, name="near_limit_again")
+    again.reserve(repeated.size)
+    with pytest.raises(RepeatedKeysError, match="'near_limit_again'"):
+        again.load_distinct(tf.constant(repeated), tf.zeros([repeated.size, 3]))
+    assert int(again.size()) == 0
 
 
 def test_a_bulk_load_whose_room_was_taken_loads_by_the_kernel_that_grows(monkeypatch):

@@ -237,8 +237,9 @@ class ProbeOps:
         Keys race for empty slots with their row ids; every loser moves on. Returns how many
         keys broke the precondition (present already, or repeated in ``keys``: the slot
         they lost, or passed, holds their own key); those are not placed. Big batches start
-        with :meth:`_first_race`, like big inserts, and the probe loop takes the keys it
-        left; small ones go to the probe loop from their home slots. The loop is traced
+        with :meth:`_first_race`, like big inserts, then race again where it left many
+        keys (:meth:`_race_again`), and the probe loop takes the keys left; small ones go
+        to the probe loop from their home slots. The loop is traced
         once, after the branch: a restore traces its bulk load in a new process before its
         first rows load.
         """
@@ -246,7 +247,13 @@ class ProbeOps:
         def raced() -> tuple[tf.Tensor, ...]:
             _, _, start, counts = self._first_race(keys, rows)
             left = positions(start >= 0)
-            return (*(tf.gather(x, left) for x in (keys, rows, start)), tf.unstack(counts)[1])
+            ks, rs, st = (tf.gather(x, left) for x in (keys, rows, start))
+            *rest, more = tf.cond(
+                _count(left) >= COMPILED_MIN_KEYS,
+                lambda: self._race_again(ks, rs, st),
+                lambda: (ks, rs, st, tf.constant(0, tf.int64)),
+            )
+            return (*rest, tf.unstack(counts)[1] + more)
 
         def from_home() -> tuple[tf.Tensor, ...]:
             home = home_slots(keys, variable_length(self.t.index) - 1)
@@ -254,6 +261,18 @@ class ProbeOps:
 
         *left, repeated = tf.cond(_count(keys) >= COMPILED_MIN_KEYS, raced, from_home)
         return repeated + self._place_loop(*left)
+
+    def _race_again(
+        self, keys: tf.Tensor, rows: tf.Tensor, start: tf.Tensor
+    ) -> tuple[tf.Tensor, ...]:
+        """One more compiled race of the keys the first one left (16,384 or more), from
+        where each stopped: the keys of a bulk load into a table near its load limit
+        meet more full slots, and a fifth of a batch can be left (a batch loaded last
+        into 10M keys). The probe loop takes the few it leaves in turn. Returns the keys
+        left, their rows and slots to probe from, and how many found their own key."""
+        _, _, going_on, counts = race_chunks(self.t, keys, rows, start)
+        left = positions(going_on >= 0)
+        return (*(tf.gather(x, left) for x in (keys, rows, going_on)), tf.unstack(counts)[1])
 
     def place_from_home(self, keys: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """:meth:`place` in the probe loop only, from each key's home slot: the rehash of
