@@ -118,6 +118,76 @@ def test_a_growing_table_hands_back_the_store_it_replaced_and_keeps_every_row():
     assert out["all_found"] and out["rows_equal"]
 
 
+def test_a_growth_hands_back_its_replaced_store_while_an_xla_compile_takes_memory():
+    # XLA's compiling thread makes a stand-in index (512 MiB, unwritten) in the middle of
+    # a growth and holds it past it: between the two counts of the allocator's memory in
+    # use that tell the growing call whether the store it replaced went back to the pool.
+    out = run_child(
+        """
+        import threading
+        from de_store.tables import HashTable, _index, _kernels, _xla
+        armed, made, checked = threading.Event(), threading.Event(), threading.Event()
+        real_cached, real_release = _xla._as_cached, _kernels.release_freed_memory
+        real_check = _kernels._release_replaced
+        def as_cached(function):
+            compiled = real_cached(function)
+            if not threading.current_thread().name.startswith("de_store-xla"):
+                return compiled
+            def call(handle, *args):  # the stand-in made, held until the count is read
+                if int(tf.raw_ops.VariableShape(input=handle)[0]) == 1 << 25:
+                    made.set()
+                    checked.wait(120)
+                return compiled(handle, *args)
+            return call
+        def release(*args, **kwargs):  # right after the growth, before its second count
+            if armed.is_set() and not made.is_set():
+                _xla.prepare_at(_index.race_from[True], table.index, 1 << 25,
+                                *_index.load_race_args())
+                made.wait(120)
+            return real_release(*args, **kwargs)
+        def check(*args):
+            try:
+                return real_check(*args)
+            finally:
+                checked.set()
+        _xla._as_cached, _kernels.release_freed_memory = as_cached, release
+        _kernels._release_replaced = check
+
+        table = HashTable(tf.int64, tf.float32, 16, name="grown")
+        batch = 1 << 18
+        def rows(keys):
+            return tf.cast(tf.tile(keys[:, None], [1, 16]), tf.float32) * 0.5
+        count, old = 0, None
+        while old is None:
+            keys = tf.range(count, count + batch, dtype=tf.int64)
+            length = int(tf.shape(table.values)[0])
+            store = read_shared(table.values)
+            start, size = address(store), int(store.shape[0]) * 64
+            del store
+            if size >= 64 << 20:
+                armed.set()
+            table.insert(keys, rows(keys))
+            count += batch
+            if int(tf.shape(table.values)[0]) != length and armed.is_set():
+                old = (start, size)
+        after = resident_bytes(*old)
+        checked.set()
+        _xla.wait_for_compiles()
+        keys = tf.range(count, dtype=tf.int64)
+        found, exists = table.lookup(keys)
+        print(json.dumps({
+            "old_store": old[1], "resident_after": after, "stand_in_made": made.is_set(),
+            "all_found": bool(tf.reduce_all(exists)),
+            "rows_equal": bool(tf.reduce_all(found == rows(keys))),
+        }))
+        """
+    )
+    assert out["stand_in_made"]
+    assert out["old_store"] >= 64 * MIB
+    assert out["resident_after"] <= out["old_store"] // 4
+    assert out["all_found"] and out["rows_equal"]
+
+
 def test_a_store_held_elsewhere_through_a_growth_keeps_its_pages_and_bytes():
     out = run_child(
         """

@@ -19,7 +19,6 @@ import tensorflow as tf
 from de_store._memory import (
     MIN_RELEASE_BYTES,
     buffer_address,
-    cpu_bytes_in_use,
     release_free_chunks,
     release_freed_memory,
 )
@@ -129,7 +128,9 @@ class Kernels:
         watched = tf.executing_eagerly() and not self.config.fixed_shapes
         grows = watched and name in GROWING and _keys(args) >= OP_BY_OP_MIN_KEYS
         sizes = _sizes(state) if grows else None
-        in_use = cpu_bytes_in_use() if grows and self.config.reserve_rows else None
+        in_use = (
+            _xla.cpu_bytes_in_use_but_stand_ins() if grows and self.config.reserve_rows else None
+        )
         stores = _stores(state) if in_use is not None else None
         result = self._dispatch(name, mutex, state, args)
         if sizes is not None and _sizes(state) != sizes:
@@ -391,16 +392,17 @@ def _release_replaced(
     snapshot of the table) is not freed by its replacement, and a request for a chunk
     as big would make the allocator reserve new memory. The count tells: after a growth
     it is the count before, plus the new arrays, less the replaced ones if they were
-    freed. Within an eighth of them (another thread's allocations move the count too)
-    they all were; otherwise nothing is requested. A request the allocator refuses ends
+    freed. Within an eighth of them (another thread's allocations move the count too;
+    the stand-ins of XLA's compiles, made and freed meanwhile, are left out of it) they
+    all were; otherwise nothing is requested. A request the allocator refuses ends
     the release and leaves the growth as it is.
     """
     replaced = [store for name, store in before.items() if after[name][1] != store[1]]
     added = sum(size for name, (_, size) in after.items() if before[name][1] != size)
-    now = cpu_bytes_in_use()
+    now = _xla.cpu_bytes_in_use_but_stand_ins()
     freed = sum(size for _, size in replaced)
     if replaced and now is not None and in_use + added - now >= freed - freed // 8:
-        live = [store for store in after.values() if store[1]]
+        live = [store for store in after.values() if store[1]] + _xla.stand_in_buffers()
         try:
             release_free_chunks(replaced, live)
         except (tf.errors.OpError, OSError) as error:  # the growth itself is done

@@ -19,7 +19,10 @@ memory and no row of any table, with no key taking part: the probes read it, not
 written). Later calls of the shape run compiled once that is done. A race of many keys
 waits for the compile instead (see :func:`runner`): its plain rounds would take about as
 long, competing with the compile for the cores. The stand-in's memory
-is only reserved: the rounds read the slots of a few padding keys. The compiled
+is only reserved: the rounds read the slots of a few padding keys. It is counted in use by
+the CPU allocator all the same, hundreds of MiB for a table of millions of keys, made and
+freed while the caller goes on: a growth that compares the allocator's counts before and
+after it leaves the stand-ins out (:func:`cpu_bytes_in_use_but_stand_ins`). The compiled
 functions are called by the names the cached kernels call them
 (:func:`~._kernel_cache.as_cached`), from a traced function as the kernels call them:
 XLA keys its compiles by function name and call options (which calls from a graph do
@@ -39,6 +42,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from de_store._memory import buffer_address, cpu_bytes_in_use
 from de_store.tables import _kernel_cache
 from de_store.tables._index import plain
 from de_store.tables._locking import eager_on_device, needs_eager_lock, unoptimized_calls
@@ -49,6 +53,8 @@ log = logging.getLogger("de_store")
 __all__ = [
     "call",
     "compiled_race",
+    "cpu_bytes_in_use_but_stand_ins",
+    "stand_in_buffers",
     "prepare",
     "prepare_at",
     "runner",
@@ -63,6 +69,33 @@ _pending: dict[Hashable, concurrent.futures.Future[None]] = {}
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _callables: dict[Hashable, Any] = {}
 _tracing = threading.Lock()
+#: The ``(address, bytes)`` of the stand-ins of compiles under way that the CPU allocator
+#: counts in use, and the lock under which a stand-in is made or freed with its entry.
+_stand_in_buffers: dict[int, tuple[int, int]] = {}
+_stand_ins = threading.Lock()
+
+
+def cpu_bytes_in_use_but_stand_ins() -> int | None:
+    """What the CPU allocator counts in use (:func:`~de_store._memory.cpu_bytes_in_use`;
+    None where it keeps no count) less the stand-ins that compiles under way hold.
+
+    A growing call compares two such counts, one before it and one after, to tell
+    whether the stores it replaced went back to the allocator's pool
+    (:func:`~._kernels._release_replaced`); a stand-in of hundreds of MiB, made or freed
+    by the compiling thread between them, would make the stores look still held, and
+    their pages would stay resident."""
+    with _stand_ins:
+        in_use = cpu_bytes_in_use()
+        held = sum(size for _, size in _stand_in_buffers.values())
+    return None if in_use is None else in_use - held
+
+
+def stand_in_buffers() -> list[tuple[int, int]]:
+    """The ``(address, bytes)`` of the stand-ins that compiles under way hold on this
+    host's CPUs: memory that a release of the allocator's free chunks must treat as
+    held, as it treats a table's arrays."""
+    with _stand_ins:
+        return list(_stand_in_buffers.values())
 
 
 def call(function: Any, index: tf.Variable, *args: tf.Tensor) -> Any:
@@ -224,16 +257,26 @@ def _compile(
     """Call ``function`` on a stand-in index of ``shape`` with zero keys taking part (the
     last-but-start argument ``count`` is 0; padding keys 0), so XLA compiles the shape."""
     args = [_zeros(spec) for spec in specs]  # on the default device: see EAGER_ON_DEVICE
+    spec = tf.DeviceSpec.from_string(device)
+    local_cpu = spec.device_type == "CPU" and spec.job in (None, "localhost")
+    counts = local_cpu and cpu_bytes_in_use() is not None  # the allocator keeps a count
+    counted = shape.num_elements() * dtype.size if counts else 0
     with tf.device(device):
-        with eager_on_device(device):
+        with eager_on_device(device), _stand_ins:
             # Made inside the initializer, the memory is the variable's own, never copied.
             stand_in = tf.Variable(
                 lambda: tf.raw_ops.Empty(shape=shape.as_list(), dtype=dtype, init=False),
                 trainable=False,
             )
-        with unoptimized_calls():
-            _as_cached(function)(stand_in.handle, *args)
-        del stand_in
+            if counted:
+                _stand_in_buffers[id(stand_in)] = (buffer_address(stand_in.value()), counted)
+        try:
+            with unoptimized_calls():
+                _as_cached(function)(stand_in.handle, *args)
+        finally:
+            with _stand_ins:
+                _stand_in_buffers.pop(id(stand_in), None)
+                del stand_in
 
 
 def _as_cached(function: Any) -> Any:
