@@ -29,6 +29,15 @@ RSS a 4 GiB store left unwritten adds. TensorFlow's BFC allocator (oneDNN's defa
 allocator on x86 Linux) keeps an 8-byte handle for every 256 bytes of each region it
 reserves, written when the region is made: 1/32 of the region, written or not.
 
+``foreign_store`` measures the one way to keep a store out of that allocator from Python:
+memory TensorFlow did not allocate (numpy's, aligned, taken without a copy through
+DLPack: ``aliased_without_copy``), assigned to a variable as de_store assigns a grown
+store, then one row written into it by a scatter. TensorFlow writes into a variable's
+buffer in place only when the variable holds it alone and TensorFlow owns it; a tensor
+over foreign memory never counts as owned, so the write first copies the whole store into
+the allocator (``write_reached_store`` False; ``allocator_in_use_added_by_write_bytes``
+and ``rss_added_by_write_bytes`` the store's size).
+
 ``allocator_in_use_bytes``: what TensorFlow's CPU allocator counts in use after the fill
 (``tf.config.experimental.get_memory_info``; ``None`` where it keeps no count). The RSS
 over it is what the allocator holds free, and malloc's. ``address_space_added_by_fill_mib``:
@@ -70,6 +79,7 @@ FIRST_SLOTS = 1 << 17
 #: An odd 64-bit multiplier (two's complement): the plain tables' hash of a key.
 HASH_MULTIPLIER = -7046029254386353131
 REGION_PROBE_BYTES = 4 << 30
+FOREIGN_STORE_BYTES = 1 << 30
 
 
 def import_tf(with_de_store: bool) -> tuple[Any, int]:
@@ -254,6 +264,34 @@ def phase_bfc_region(args: argparse.Namespace) -> None:
     del store
 
 
+def phase_foreign_store(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    tf, _ = import_tf(False)
+    rows = FOREIGN_STORE_BYTES // (4 * args.dim)
+    raw = np.empty(FOREIGN_STORE_BYTES + 64, np.uint8)  # aligned as TensorFlow needs
+    start = -raw.ctypes.data % 64
+    values = raw[start : start + FOREIGN_STORE_BYTES].view(np.float32).reshape(rows, args.dim)
+    values.fill(0)  # resident, as a store's rows are
+    tensor = tf.experimental.dlpack.from_dlpack(values.__dlpack__())
+    values[0, 0] = 1
+    aliased = float(tensor[0, 0]) == 1
+    variable = tf.Variable(tf.zeros([1, args.dim]), shape=tf.TensorShape([None, args.dim]))
+    tf.raw_ops.DisableCopyOnRead(resource=variable.handle)  # as de_store assigns a store
+    variable.assign(tensor)
+    del tensor
+    counted = tf.config.experimental.get_memory_info  # 0 under the system allocator
+    in_use, rss = counted("CPU:0")["current"], current_rss()
+    variable.scatter_update(tf.IndexedSlices(tf.fill([1, args.dim], 2.0), [1]))
+    harness.emit({
+        "store_bytes": FOREIGN_STORE_BYTES,
+        "aliased_without_copy": aliased,
+        "write_reached_store": bool(values[1, 0] == 2),
+        "allocator_in_use_added_by_write_bytes": counted("CPU:0")["current"] - in_use,
+        "rss_added_by_write_bytes": current_rss() - rss,
+    })  # fmt: skip
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=50_000_000)
@@ -271,6 +309,9 @@ def main() -> None:
     args = parse_args()
     if args.phase == "bfc_region":
         phase_bfc_region(args)
+        return
+    if args.phase == "foreign_store":
+        phase_foreign_store(args)
         return
     if args.phase:
         phase_fill(args)
@@ -301,6 +342,14 @@ def main() -> None:
     result["unwritten_store"] = region
     print(f"  a {region['store_bytes'] / MIB:,.0f} MiB store left unwritten adds "
           f"{region['rss_added_bytes'] / MIB:,.0f} MiB of RSS")  # fmt: skip
+    foreign = harness.run_phase(__file__, "foreign_store", options, env=env)
+    result["foreign_store"] = foreign
+    added = foreign["allocator_in_use_added_by_write_bytes"] / MIB
+    print(f"  a {foreign['store_bytes'] / MIB:,.0f} MiB store of numpy's memory, taken without "
+          f"a copy ({foreign['aliased_without_copy']}): one row written "
+          f"{'reached it' if foreign['write_reached_store'] else 'copied it'}, adding "
+          f"{added:,.0f} MiB in use by TensorFlow's "
+          f"allocator and {foreign['rss_added_by_write_bytes'] / MIB:,.0f} MiB of RSS")  # fmt: skip
     print(json.dumps(result))
 
 
