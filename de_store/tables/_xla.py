@@ -259,8 +259,6 @@ def _compile(
     args = [_zeros(spec) for spec in specs]  # on the default device: see EAGER_ON_DEVICE
     spec = tf.DeviceSpec.from_string(device)
     local_cpu = spec.device_type == "CPU" and spec.job in (None, "localhost")
-    counts = local_cpu and cpu_bytes_in_use() is not None  # the allocator keeps a count
-    counted = shape.num_elements() * dtype.size if counts else 0
     with tf.device(device):
         with eager_on_device(device), _stand_ins:
             # Made inside the initializer, the memory is the variable's own, never copied.
@@ -268,8 +266,9 @@ def _compile(
                 lambda: tf.raw_ops.Empty(shape=shape.as_list(), dtype=dtype, init=False),
                 trainable=False,
             )
-            if counted:
-                _stand_in_buffers[id(stand_in)] = (buffer_address(stand_in.value()), counted)
+            if local_cpu and cpu_bytes_in_use() is not None:  # the allocator counts it
+                size = shape.num_elements() * dtype.size
+                _stand_in_buffers[id(stand_in)] = (buffer_address(stand_in.value()), size)
         try:
             with unoptimized_calls():
                 _as_cached(function)(stand_in.handle, *args)
