@@ -280,14 +280,14 @@ def phase_foreign_store(args: argparse.Namespace) -> None:
     tf.raw_ops.DisableCopyOnRead(resource=variable.handle)  # as de_store assigns a store
     variable.assign(tensor)
     del tensor
-    counted = tf.config.experimental.get_memory_info  # 0 under the system allocator
-    in_use, rss = counted("CPU:0")["current"], current_rss()
+    memory_info = tf.config.experimental.get_memory_info  # 0 in use under malloc
+    in_use, rss = memory_info("CPU:0")["current"], current_rss()
     variable.scatter_update(tf.IndexedSlices(tf.fill([1, args.dim], 2.0), [1]))
     harness.emit({
         "store_bytes": FOREIGN_STORE_BYTES,
         "aliased_without_copy": aliased,
         "write_reached_store": bool(values[1, 0] == 2),
-        "allocator_in_use_added_by_write_bytes": counted("CPU:0")["current"] - in_use,
+        "allocator_in_use_added_by_write_bytes": memory_info("CPU:0")["current"] - in_use,
         "rss_added_by_write_bytes": current_rss() - rss,
     })  # fmt: skip
 
